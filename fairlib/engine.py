@@ -1,0 +1,86 @@
+"""The replica's cost model (book/engine-model.md).
+
+One iteration with ``B`` running sequences and ``P`` prompt tokens prefilled costs
+
+    dt = iter_base_ms + iter_slope_ms * B + prefill_ms_per_token * P.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import numpy as np
+
+__all__ = ["Engine", "SEED000_ENGINE"]
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not float(value).is_integer() or value < 1:
+        raise ValueError(f"Engine.{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Cost and capacity parameters of one replica (times in ms)."""
+
+    iter_base_ms: float = 9.0
+    iter_slope_ms: float = 0.55
+    prefill_ms_per_token: float = 0.06
+    max_batch: int = 24
+    max_prefill_tokens: Optional[int] = None
+    kv_capacity_tokens: Optional[int] = None
+
+    def __post_init__(self):
+        for name in ("iter_base_ms", "iter_slope_ms", "prefill_ms_per_token"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float, np.floating, np.integer)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"Engine.{name} must be a finite number >= 0, got {v!r}")
+            object.__setattr__(self, name, float(v))
+        if self.iter_base_ms + self.iter_slope_ms <= 0:
+            raise ValueError("Engine: iter_base_ms + iter_slope_ms must be > 0 (an iteration must take time)")
+        object.__setattr__(self, "max_batch", _positive_int("max_batch", self.max_batch))
+        for name in ("max_prefill_tokens", "kv_capacity_tokens"):
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, _positive_int(name, v))
+
+    # --- the cost model -------------------------------------------------------------------
+    def iteration_ms(self, batch, prefill_tokens=0):
+        """dt = iter_base_ms + iter_slope_ms * B + prefill_ms_per_token * P."""
+        return self.iter_base_ms + self.iter_slope_ms * np.asarray(batch) + self.prefill_ms_per_token * np.asarray(prefill_tokens)
+
+    def per_seq_ms(self, batch):
+        """What one running sequence is charged per iteration: (iter_base + iter_slope*B) / B."""
+        b = np.asarray(batch, dtype=float)
+        return (self.iter_base_ms + self.iter_slope_ms * b) / b
+
+    def request_cost_ms(self, prompt_tokens, output_tokens, batch=None):
+        """Machine time one request consumes at a steady batch B (default max_batch):
+        prompt * prefill_ms_per_token + output * per_seq(B)."""
+        b = self.max_batch if batch is None else batch
+        return self.prefill_ms_per_token * np.asarray(prompt_tokens) + np.asarray(output_tokens) * self.per_seq_ms(b)
+
+    def exchange_rate(self, batch):
+        """Prompt tokens one output token is worth on this machine at batch B:
+        (iter_base + iter_slope*B) / (B * prefill_ms_per_token)."""
+        if self.prefill_ms_per_token == 0:
+            raise ValueError("Engine.prefill_ms_per_token is 0: the exchange rate is infinite")
+        return self.per_seq_ms(batch) / self.prefill_ms_per_token
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def kernel_params(self) -> np.ndarray:
+        """The float64 parameter vector the compiled kernel reads (inf = no limit)."""
+        inf = np.inf
+        return np.array([
+            self.iter_base_ms, self.iter_slope_ms, self.prefill_ms_per_token, float(self.max_batch),
+            inf if self.max_prefill_tokens is None else float(self.max_prefill_tokens),
+            inf if self.kv_capacity_tokens is None else float(self.kv_capacity_tokens),
+        ], dtype=np.float64)
+
+
+#: The seed-000 replica: dt = 9 + 0.55 B + 0.06 P ms, max_batch 24.
+SEED000_ENGINE = Engine(9.0, 0.55, 0.06, 24)

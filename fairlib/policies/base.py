@@ -1,0 +1,74 @@
+"""What every policy is in the Python layer: validated parameters, how requests are split into
+waiting lines, and the arrays its compiled hooks keep their state in.
+
+A policy's compiled hooks (in its own module) all start with ``V = (pf, pi, RF, RI, TI, BT, heap,
+heap_n)``: ``pf``/``pi`` are the policy's float/int state arrays, the rest the engine state
+(fairlib/sim/state.py: request fields, tenant counts, batch slots, waiting lines):
+
+- ``accept(*V, r, t) -> bool``: at arrival, before ``r`` joins its line (admission control).
+- ``select(*V, t) -> line``: the line whose head is admitted next, or -1 for none.
+- ``on_admit(*V, r, line, prefill_tokens, E)``: ``r`` was admitted.
+- ``on_iteration(*V, B, per_seq, E)``: ``BT[LAST_IDS, :B]`` ran; ``RI[PRE_TOK]`` holds the prefills.
+- ``on_finish(*V, r)``: ``r`` finished.
+Hooks a policy does not need are simply absent (fairlib/policies/dispatch.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["Policy", "check_int", "check_number"]
+
+
+def check_int(policy: str, name: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not np.isscalar(value) or not float(value).is_integer() or value < low:
+        raise ValueError(f"policy {policy!r}: parameter {name!r} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def check_number(policy: str, name: str, value, low: float = 0.0, strict: bool = False) -> float:
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) and np.isfinite(value)
+    if not ok or value < low or (strict and value == low):
+        rel = ">" if strict else ">="
+        raise ValueError(f"policy {policy!r}: parameter {name!r} must be a finite number {rel} {low}, got {value!r}")
+    return float(value)
+
+
+class Policy:
+    """Base class: one FIFO line, no state. Subclasses set ``name``, ``pid`` and override."""
+
+    name = "base"
+    pid = -1
+    params: dict = {}          # name -> default (None = required)
+    needs: tuple = ()          # optional request columns the policy reads
+
+    def __init__(self, **params):
+        unknown = set(params) - set(self.params)
+        if unknown:
+            allowed = ", ".join(sorted(self.params)) or "none"
+            raise ValueError(f"policy {self.name!r}: unknown parameter(s) {sorted(unknown)}; allowed: {allowed}")
+        values = {**self.params, **params}
+        missing = [k for k, v in values.items() if v is None and k in self.required]
+        if missing:
+            raise ValueError(f"policy {self.name!r}: parameter(s) {missing} required")
+        self.values = self.validate(values)
+
+    required: tuple = ()
+
+    def validate(self, values: dict) -> dict:
+        return values
+
+    def lines(self, rows, tenant, klass, priority, est, n_tenants):
+        """(line, key, n_lines): the waiting line of each request and its order inside it."""
+        return np.zeros(len(rows), np.int64), np.asarray(rows, np.float64), 1
+
+    def state(self, n_tenants: int):
+        """(pf, pi): the float and int arrays the compiled hooks keep their state in."""
+        return np.zeros(1), np.zeros(1, np.int64)
+
+    def counters(self, pf, n_tenants):
+        """Per-tenant counters the policy keeps (None if it keeps none)."""
+        return None
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.values.items())
+        return f"{self.name}({args})"

@@ -1,0 +1,52 @@
+"""Route the engine loop's hook calls to the policy named by its id.
+
+The loop (fairlib/sim/loop.py) calls these five functions and knows no policy. A new policy is a
+module beside the others plus one line per hook it implements here and one in the registry
+(fairlib/policies/__init__.py). A policy without a hook gets the default: accept everything,
+do nothing."""
+import numba as nb
+
+from . import aging, fcfs, priority, rpm_quota, slot_cap, vtc, weighted
+
+
+@nb.njit(cache=True, inline="always")
+def accept(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r, t):
+    if pid == rpm_quota.PID:
+        return rpm_quota.accept(pf, pi, RF, RI, TI, BT, heap, heap_n, r, t)
+    if pid == vtc.PID_VTC or pid == vtc.PID_LCF or pid == vtc.PID_RESIDENCY:
+        return vtc.accept(pf, pi, RF, RI, TI, BT, heap, heap_n, r, t)
+    return True
+
+
+@nb.njit(cache=True, inline="always")
+def select(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, t):
+    if pid == vtc.PID_VTC or pid == vtc.PID_LCF or pid == vtc.PID_RESIDENCY:
+        return vtc.select(pf, pi, RF, RI, TI, BT, heap, heap_n, t)
+    if pid == slot_cap.PID:
+        return slot_cap.select(pf, pi, RF, RI, TI, BT, heap, heap_n, t)
+    if pid == priority.PID:
+        return priority.select(pf, pi, RF, RI, TI, BT, heap, heap_n, t)
+    if pid == weighted.PID:
+        return weighted.select(pf, pi, RF, RI, TI, BT, heap, heap_n, t)
+    if pid == aging.PID:
+        return aging.select(pf, pi, RF, RI, TI, BT, heap, heap_n, t)
+    return fcfs.select(pf, pi, RF, RI, TI, BT, heap, heap_n, t)   # fcfs, rpm_quota, sjf: the head of the single line
+
+
+@nb.njit(cache=True, inline="always")
+def on_admit(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E):
+    if pid == vtc.PID_VTC or pid == vtc.PID_LCF or pid == vtc.PID_RESIDENCY:
+        vtc.on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E)
+    elif pid == weighted.PID:
+        weighted.on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E)
+
+
+@nb.njit(cache=True, inline="always")
+def on_iteration(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E):
+    if pid == vtc.PID_VTC or pid == vtc.PID_LCF or pid == vtc.PID_RESIDENCY:
+        vtc.on_iteration(pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E)
+
+
+@nb.njit(cache=True, inline="always")
+def on_finish(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r):
+    pass

@@ -1,0 +1,48 @@
+"""rpm_quota(limit): a requests-per-minute limit per tenant, checked at arrival.
+
+Reject request r of tenant i if i already had `limit` accepted requests with arrival in
+(arrival_r - 60000, arrival_r]; accepted ones are served FCFS. A ring of each tenant's last
+`limit` accepted arrival times makes the check O(1): reject iff the ring is full and its oldest
+entry is > arrival_r - 60000."""
+import numba as nb
+import numpy as np
+
+from ..sim.state import ARRIVAL, TENANT
+from .base import Policy, check_int
+from .fcfs import select  # noqa: F401  (served FCFS)
+
+PID = 1
+WINDOW_MS = 60000.0
+
+
+@nb.njit(cache=True, inline="always")
+def accept(pf, pi, RF, RI, TI, BT, heap, heap_n, r, t):
+    n_t = TI.shape[1]
+    limit = np.int64(pf[0])
+    tn = RI[TENANT, r]
+    a = RF[ARRIVAL, r]
+    ptr = pi[tn]
+    slot = 1 + tn * limit + ptr
+    if pi[n_t + tn] >= limit:
+        if pf[slot] > a - WINDOW_MS:
+            return False
+    else:
+        pi[n_t + tn] += 1
+    pf[slot] = a
+    pi[tn] = (ptr + 1) % limit
+    return True
+
+
+class RpmQuota(Policy):
+    name, pid = "rpm_quota", PID
+    params = {"limit": None}
+    required = ("limit",)
+
+    def validate(self, v):
+        return {"limit": check_int(self.name, "limit", v["limit"])}
+
+    def state(self, n_tenants):
+        limit = self.values["limit"]
+        pf = np.zeros(1 + n_tenants * limit)
+        pf[0] = limit
+        return pf, np.zeros(2 * n_tenants, np.int64)   # ring pointer, ring fill

@@ -1,0 +1,1 @@
+"""The compiled engine model: state arrays, waiting lines and the iteration loop."""

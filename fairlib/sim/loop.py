@@ -1,0 +1,190 @@
+"""The engine loop (book/engine-model.md), one iteration per `step`.
+
+`run` drives `step` to a horizon for a whole table; an online server calls `step_once`, one
+iteration at a time, appending arrivals as they come: the same compiled code. The loop knows no
+policy: it calls the hooks in fairlib/policies/dispatch.py with the policy's id.
+
+E = [iter_base_ms, iter_slope_ms, prefill_ms_per_token, max_batch, max_prefill_tokens,
+kv_capacity_tokens] (inf = no limit). The state arrays are described in fairlib/sim/state.py.
+"""
+import numba as nb
+import numpy as np
+
+from ..policies import dispatch
+from . import lines
+from .state import (ADMITTED, ARRIVAL, BUSY_MS, CHARGED, DECODE_TOKENS, ENTERED, FINISH, FINISHED, FIRST,
+                    GENERATED, HELD, HELD_IDS, ITERATIONS, LAST_B, LAST_IDS, LINE, N_HELD, N_REQ, N_RUNNING,
+                    NEXT_ARRIVAL, OUTPUT, PRE_TOK, PREEMPT, PROMPT, REJECTED, RUN_IDS, RUNNING, STATUS, T_ADMITTED,
+                    T_DECODE, T_FINISHED, T_MACHINE, T_NOW, T_PREFILL, T_REJECTED, T_RUNNING, T_TOKENS, TENANT,
+                    WAITING)
+
+# step() results
+ENDED, RAN, IDLE_JUMP = 0, 1, 2
+
+
+@nb.njit(cache=True, inline="always")
+def _deliver(RF, RI, TI, BT, heap, heap_n, si, E, pid, pf, pi, t):
+    """Step 1: hand every arrival with arrival <= t to the policy, in table order."""
+    n = si[N_REQ]
+    r = si[NEXT_ARRIVAL]
+    while r < n and RF[ARRIVAL, r] <= t:
+        if RI[PROMPT, r] > E[4] or RI[PROMPT, r] + RI[OUTPUT, r] > E[5]:
+            RI[STATUS, r] = REJECTED          # the engine could never run it
+            TI[T_REJECTED, RI[TENANT, r]] += 1
+        elif dispatch.accept(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r, t):
+            RI[STATUS, r] = WAITING
+            lines.push(heap, heap_n, RF, RI[LINE, r], r)
+        else:
+            RI[STATUS, r] = REJECTED
+            TI[T_REJECTED, RI[TENANT, r]] += 1
+        r += 1
+    si[NEXT_ARRIVAL] = r
+
+
+@nb.njit(cache=True, inline="always")
+def _preempt(RI, TI, BT, si, E):
+    """Step 2: recompute-preempt the latest entrant while the running set needs more KV than
+    there is; need(S) = sum over S of (prompt + generated + 1). Returns need(running)."""
+    need = 0
+    for i in range(si[N_RUNNING]):
+        r = BT[RUN_IDS, i]
+        need += RI[PROMPT, r] + RI[GENERATED, r] + 1
+    while need > E[5]:
+        nrun = si[N_RUNNING]
+        j = 0
+        for i in range(1, nrun):
+            a, b = BT[RUN_IDS, i], BT[RUN_IDS, j]
+            if RI[ENTERED, a] > RI[ENTERED, b] or (RI[ENTERED, a] == RI[ENTERED, b] and a > b):
+                j = i
+        r = BT[RUN_IDS, j]
+        BT[RUN_IDS, j] = BT[RUN_IDS, nrun - 1]
+        si[N_RUNNING] = nrun - 1
+        RI[STATUS, r] = HELD
+        RI[PREEMPT, r] += 1
+        TI[T_RUNNING, RI[TENANT, r]] -= 1
+        BT[HELD_IDS, si[N_HELD]] = r
+        si[N_HELD] += 1
+        need -= RI[PROMPT, r] + RI[GENERATED, r] + 1
+    return need
+
+
+@nb.njit(cache=True, inline="always")
+def _admit(RF, RI, TI, BT, heap, heap_n, si, E, pid, pf, pi, t, need):
+    """Step 3: admit what the policy names while slots, prefill budget and KV allow. Returns P."""
+    P = 0
+    nrun = si[N_RUNNING]
+    while nrun < E[3]:
+        line = dispatch.select(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, t)
+        if line < 0:
+            break
+        r = heap[line, 0]
+        tokens = RI[PROMPT, r] + RI[GENERATED, r]
+        if P + tokens > E[4] or need + tokens + 1 > E[5]:
+            break
+        lines.pop(heap, heap_n, RF, line)
+        RI[STATUS, r] = RUNNING
+        BT[RUN_IDS, nrun] = r
+        nrun += 1
+        si[N_RUNNING] = nrun
+        need += tokens + 1
+        P += tokens
+        RI[PRE_TOK, r] = tokens
+        RI[ENTERED, r] = si[ITERATIONS]
+        tn = RI[TENANT, r]
+        if np.isnan(RF[ADMITTED, r]):
+            RF[ADMITTED, r] = t
+            TI[T_ADMITTED, tn] += 1
+        TI[T_RUNNING, tn] += 1
+        dispatch.on_admit(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, tokens, E)
+    return P
+
+
+@nb.njit(cache=True, inline="always")
+def _emit(RF, RI, TF, TI, BT, sf, si, E, B, P, t):
+    """Steps 5-7: cost, residency charges, one token per running sequence. Returns (clock, per_seq)."""
+    per_seq = (E[0] + E[1] * B) / B
+    dt = E[0] + E[1] * B + E[2] * P
+    t += dt
+    for i in range(B):
+        r = BT[RUN_IDS, i]
+        BT[LAST_IDS, i] = r
+        tn = RI[TENANT, r]
+        pre = E[2] * RI[PRE_TOK, r]
+        RF[CHARGED, r] += per_seq + pre
+        TF[T_MACHINE, tn] += per_seq + pre
+        TF[T_DECODE, tn] += per_seq
+        TF[T_PREFILL, tn] += pre
+        RI[GENERATED, r] += 1
+        TI[T_TOKENS, tn] += 1
+        if RI[GENERATED, r] == 1:
+            RF[FIRST, r] = t
+    sf[T_NOW] = t
+    sf[BUSY_MS] += dt
+    si[ITERATIONS] += 1
+    si[LAST_B] = B
+    si[DECODE_TOKENS] += B
+    return t, per_seq
+
+
+@nb.njit(cache=True, inline="always")
+def _retire(RF, RI, TI, BT, heap, heap_n, si, pid, pf, pi, B, t):
+    """Step 8, after the policy's bookkeeping: finishes leave the batch, the preempted go back."""
+    k = 0
+    for i in range(B):
+        r = BT[RUN_IDS, i]
+        RI[PRE_TOK, r] = 0
+        if RI[GENERATED, r] >= RI[OUTPUT, r]:
+            RI[STATUS, r] = FINISHED
+            RF[FINISH, r] = t
+            tn = RI[TENANT, r]
+            TI[T_FINISHED, tn] += 1
+            TI[T_RUNNING, tn] -= 1
+            dispatch.on_finish(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r)
+        else:
+            BT[RUN_IDS, k] = r
+            k += 1
+    si[N_RUNNING] = k
+    for i in range(si[N_HELD]):
+        r = BT[HELD_IDS, i]
+        RI[STATUS, r] = WAITING
+        lines.push(heap, heap_n, RF, RI[LINE, r], r)
+    si[N_HELD] = 0
+
+
+@nb.njit(cache=True, inline="always")
+def step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi):
+    """One iteration at the clock sf[T_NOW]. Returns RAN, IDLE_JUMP or ENDED (nothing runs and
+    no arrival is left; an online caller appends arrivals and calls again)."""
+    t = sf[T_NOW]
+    _deliver(RF, RI, TI, BT, heap, heap_n, si, E, pid, pf, pi, t)
+    need = 0
+    if E[5] < np.inf:
+        need = _preempt(RI, TI, BT, si, E)
+    P = _admit(RF, RI, TI, BT, heap, heap_n, si, E, pid, pf, pi, t, need)
+    B = si[N_RUNNING]
+    if B == 0:                                     # step 4: idle
+        nxt = si[NEXT_ARRIVAL]
+        if nxt < si[N_REQ]:
+            sf[T_NOW] = RF[ARRIVAL, nxt]
+            return IDLE_JUMP
+        return ENDED
+    t, per_seq = _emit(RF, RI, TF, TI, BT, sf, si, E, B, P, t)
+    dispatch.on_iteration(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E)
+    _retire(RF, RI, TI, BT, heap, heap_n, si, pid, pf, pi, B, t)
+    return RAN
+
+
+@nb.njit(cache=True)
+def step_once(S, E, pid, pf, pi):
+    """One iteration (online use): the same `step` the batch run uses."""
+    RF, RI, TF, TI, BT, heap, heap_n, sf, si = S
+    return step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi)
+
+
+@nb.njit(cache=True)
+def run(S, E, pid, pf, pi, horizon_ms):
+    """Iterate while the clock is below the horizon (the last iteration may end past it)."""
+    RF, RI, TF, TI, BT, heap, heap_n, sf, si = S
+    while sf[T_NOW] < horizon_ms:
+        if step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi) == ENDED:
+            break
