@@ -102,3 +102,26 @@ def seed000(seed: int = 0, duration_s: float = 120.0, output_dist: str = "geomet
             + ", ".join(f"{m:.1f}" for m in means)
             + f"; 750 ms/s each" + (f", {SEED000_TENANTS[fi]} x{flood:g}" if flood != 1 else ""))
     return Scenario(tenants, engine=engine, duration_s=duration_s, name="seed000", description=desc, seed=seed)
+
+
+def rpm_capacity_per_tenant(scenario: Scenario, batch: Optional[int] = None) -> float:
+    """Requests per minute per tenant the machine can serve if every tenant sends the same number
+    of its own mean requests: 60000 / sum_i cost_i, with
+    cost_i = prefill_ms_per_token * mean prompt_i + mean output_i * (iter_base + iter_slope B) / B
+    at the nominal batch B (default max_batch). Seed 000: 60000 / 650.1 = 92.3."""
+    eng = scenario.engine
+    total = sum(float(eng.request_cost_ms(t.prompt.mean, t.output.mean, batch)) for t in scenario.tenants)
+    return 60000.0 / total
+
+
+def operator_rpm_limit(scenario: Scenario, batch: Optional[int] = None, round_to: int = 10) -> int:
+    """The equal requests/min quota an operator would set: the per-tenant capacity
+    (`rpm_capacity_per_tenant`) rounded up to a round number (a multiple of `round_to`), so that the
+    quota never throttles a tenant the machine could serve. Seed 000: 92.3 -> 100 per minute.
+
+    The seed does not state its quota; this rule is the book's reconstruction, and chapter 1 shows
+    how the split moves with the quota around it."""
+    if isinstance(round_to, bool) or not float(round_to).is_integer() or round_to < 1:
+        raise ValueError(f"round_to must be an integer >= 1, got {round_to!r}")
+    cap = rpm_capacity_per_tenant(scenario, batch)
+    return int(math.ceil(cap / round_to) * round_to)
