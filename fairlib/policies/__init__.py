@@ -6,12 +6,15 @@ from .lcf import LCF
 from .priority import Priority
 from .residency import Residency
 from .rpm_quota import RpmQuota
+from .rr import RoundRobin
 from .sjf import SJF
 from .slot_cap import SlotCap
 from .vtc import VTC
+from .vtc_predict import VTCPredict
 from .weighted import Weighted
 
-POLICIES = {cls.name: cls for cls in (FCFS, RpmQuota, VTC, LCF, Residency, SlotCap, Priority, Weighted, SJF, Aging)}
+POLICIES = {cls.name: cls for cls in (FCFS, RpmQuota, VTC, LCF, Residency, SlotCap, Priority, Weighted, SJF, Aging,
+                                        RoundRobin, VTCPredict)}
 
 __all__ = ["POLICIES", "Policy", "make_policy"]
 

@@ -36,7 +36,14 @@ class Aging(Policy):
         k = np.asarray(klass, np.int64)
         if len(k) and k.min() < 0:
             raise ValueError(f"policy {self.name!r}: column 'klass' must be >= 0, got {k.min()}")
-        return k, np.asarray(rows, np.float64), int(k.max()) + 1 if len(k) else 1
+        n = getattr(self, "n_classes", None)
+        if n is not None and len(k) and k.max() >= n:
+            raise ValueError(f"policy {self.name!r}: column 'klass' must be < {n} (the classes this engine keeps)")
+        return k, np.asarray(rows, np.float64), n or (int(k.max()) + 1 if len(k) else 1)
+
+    def online_lines(self, n_tenants, n_classes, priority_levels):
+        self.n_classes = int(n_classes)
+        return self.n_classes
 
     def state(self, n_tenants):
         return np.array([self.values["rate"]]), np.zeros(1, np.int64)

@@ -61,6 +61,10 @@ class Policy:
         """(line, key, n_lines): the waiting line of each request and its order inside it."""
         return np.zeros(len(rows), np.int64), np.asarray(rows, np.float64), 1
 
+    def online_lines(self, n_tenants: int, n_classes: int, priority_levels) -> int:
+        """How many lines the policy keeps when requests arrive one by one (fairlib/online.py)."""
+        return 1
+
     def state(self, n_tenants: int):
         """(pf, pi): the float and int arrays the compiled hooks keep their state in."""
         return np.zeros(1), np.zeros(1, np.int64)

@@ -6,7 +6,7 @@ module beside the others plus one line per hook it implements here and one in th
 do nothing."""
 import numba as nb
 
-from . import aging, fcfs, priority, rpm_quota, slot_cap, vtc, weighted
+from . import aging, fcfs, priority, rpm_quota, rr, slot_cap, vtc, vtc_predict, weighted
 
 
 @nb.njit(cache=True, inline="always")
@@ -15,6 +15,8 @@ def accept(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r, t):
         return rpm_quota.accept(pf, pi, RF, RI, TI, BT, heap, heap_n, r, t)
     if pid == vtc.PID_VTC or pid == vtc.PID_LCF or pid == vtc.PID_RESIDENCY:
         return vtc.accept(pf, pi, RF, RI, TI, BT, heap, heap_n, r, t)
+    if pid == vtc_predict.PID:
+        return vtc_predict.accept(pf, pi, RF, RI, TI, BT, heap, heap_n, r, t)
     return True
 
 
@@ -30,6 +32,10 @@ def select(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, t):
         return weighted.select(pf, pi, RF, RI, TI, BT, heap, heap_n, t)
     if pid == aging.PID:
         return aging.select(pf, pi, RF, RI, TI, BT, heap, heap_n, t)
+    if pid == rr.PID:
+        return rr.select(pf, pi, RF, RI, TI, BT, heap, heap_n, t)
+    if pid == vtc_predict.PID:
+        return vtc_predict.select(pf, pi, RF, RI, TI, BT, heap, heap_n, t)
     return fcfs.select(pf, pi, RF, RI, TI, BT, heap, heap_n, t)   # fcfs, rpm_quota, sjf: the head of the single line
 
 
@@ -39,12 +45,18 @@ def on_admit(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens,
         vtc.on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E)
     elif pid == weighted.PID:
         weighted.on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E)
+    elif pid == rr.PID:
+        rr.on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E)
+    elif pid == vtc_predict.PID:
+        vtc_predict.on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E)
 
 
 @nb.njit(cache=True, inline="always")
 def on_iteration(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E):
     if pid == vtc.PID_VTC or pid == vtc.PID_LCF or pid == vtc.PID_RESIDENCY:
         vtc.on_iteration(pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E)
+    elif pid == vtc_predict.PID:
+        vtc_predict.on_iteration(pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E)
 
 
 @nb.njit(cache=True, inline="always")

@@ -20,7 +20,17 @@ class Priority(Policy):
     name, pid = "priority", PID
     needs = ("priority",)
 
+    fixed_levels = None
+
+    def online_lines(self, n_tenants, n_classes, priority_levels):
+        self.fixed_levels = np.unique(np.asarray(list(priority_levels), np.int64))
+        return len(self.fixed_levels)
+
     def lines(self, rows, tenant, klass, priority, est, n_tenants):
         values = np.asarray(priority if priority is not None else klass, np.int64)
-        self.levels = np.unique(values)
-        return np.searchsorted(self.levels, values).astype(np.int64), np.asarray(rows, np.float64), len(self.levels)
+        levels = self.fixed_levels if self.fixed_levels is not None else np.unique(values)
+        line = np.searchsorted(levels, values).astype(np.int64)
+        if len(values) and (line.max() >= len(levels) or np.any(levels[np.minimum(line, len(levels) - 1)] != values)):
+            raise ValueError(f"policy {self.name!r}: priority must be one of {levels.min()}..{levels.max()}, got "
+                             f"{values[~np.isin(values, levels)][0]}")
+        return line, np.asarray(rows, np.float64), len(levels)

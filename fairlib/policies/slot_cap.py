@@ -31,5 +31,8 @@ class SlotCap(Policy):
     def lines(self, rows, tenant, klass, priority, est, n_tenants):
         return np.asarray(tenant, np.int64), np.asarray(rows, np.float64), n_tenants
 
+    def online_lines(self, n_tenants, n_classes, priority_levels):
+        return n_tenants
+
     def state(self, n_tenants):
         return np.array([float(self.values["cap"])]), np.zeros(1, np.int64)

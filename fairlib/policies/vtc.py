@@ -77,6 +77,9 @@ class VTC(Policy):
     def lines(self, rows, tenant, klass, priority, est, n_tenants):
         return np.asarray(tenant, np.int64), np.asarray(rows, np.float64), n_tenants
 
+    def online_lines(self, n_tenants, n_classes, priority_levels):
+        return n_tenants
+
     def state(self, n_tenants):
         w = self.values["weights"]
         if w is None:

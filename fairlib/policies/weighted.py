@@ -49,6 +49,9 @@ class Weighted(Policy):
                              f"got values {k.min()}..{k.max()}")
         return k, np.asarray(rows, np.float64), n
 
+    def online_lines(self, n_tenants, n_classes, priority_levels):
+        return len(self.values["w"])
+
     def state(self, n_tenants):
         rotation = [k for k, wk in enumerate(self.values["w"]) for _ in range(wk)]
         return np.zeros(1), np.array([0, 0] + rotation, np.int64)
