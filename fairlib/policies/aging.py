@@ -1,16 +1,16 @@
 """aging(rate): score = klass - rate * (t - arrival_ms) / 1000 at selection time t; lowest first
 (ties by table order). One FIFO line per class: the oldest request of a class has its lowest score,
 so only the heads compete."""
-import numba as nb
 import numpy as np
 
+from ..sim import jit
 from ..sim.state import ARRIVAL, KLASS
 from .base import Policy, check_number
 
 PID = 9
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def select(pf, pi, RF, RI, TI, BT, heap, heap_n, t):
     rate = pf[0]
     best = -1

@@ -4,12 +4,12 @@ The loop (fairlib/sim/loop.py) calls these five functions and knows no policy. A
 module beside the others plus one line per hook it implements here and one in the registry
 (fairlib/policies/__init__.py). A policy without a hook gets the default: accept everything,
 do nothing."""
-import numba as nb
 
+from ..sim import jit
 from . import aging, fcfs, priority, rpm_quota, rr, slot_cap, vtc, vtc_predict, weighted
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def accept(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r, t):
     if pid == rpm_quota.PID:
         return rpm_quota.accept(pf, pi, RF, RI, TI, BT, heap, heap_n, r, t)
@@ -20,7 +20,7 @@ def accept(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r, t):
     return True
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def select(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, t):
     if pid == vtc.PID_VTC or pid == vtc.PID_LCF or pid == vtc.PID_RESIDENCY:
         return vtc.select(pf, pi, RF, RI, TI, BT, heap, heap_n, t)
@@ -39,7 +39,7 @@ def select(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, t):
     return fcfs.select(pf, pi, RF, RI, TI, BT, heap, heap_n, t)   # fcfs, rpm_quota, sjf: the head of the single line
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def on_admit(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E):
     if pid == vtc.PID_VTC or pid == vtc.PID_LCF or pid == vtc.PID_RESIDENCY:
         vtc.on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E)
@@ -51,7 +51,7 @@ def on_admit(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens,
         vtc_predict.on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E)
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def on_iteration(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E):
     if pid == vtc.PID_VTC or pid == vtc.PID_LCF or pid == vtc.PID_RESIDENCY:
         vtc.on_iteration(pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E)
@@ -59,6 +59,6 @@ def on_iteration(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E):
         vtc_predict.on_iteration(pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E)
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def on_finish(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r):
     pass

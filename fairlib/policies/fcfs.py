@@ -1,12 +1,12 @@
 """fcfs: first come, first served, in global arrival order (one line)."""
-import numba as nb
 
+from ..sim import jit
 from .base import Policy
 
 PID = 0
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def select(pf, pi, RF, RI, TI, BT, heap, heap_n, t):
     return 0 if heap_n[0] > 0 else -1
 

@@ -1,14 +1,14 @@
 """priority: the lowest `priority` value first (lower is served earlier, as in vLLM), FCFS within.
 Uses the `priority` column, or `klass` when there is none. Lines are the priority values' ranks."""
-import numba as nb
 import numpy as np
 
+from ..sim import jit
 from .base import Policy
 
 PID = 6
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def select(pf, pi, RF, RI, TI, BT, heap, heap_n, t):
     for j in range(heap_n.shape[0]):
         if heap_n[j] > 0:

@@ -4,9 +4,9 @@ Reject request r of tenant i if i already had `limit` accepted requests with arr
 (arrival_r - 60000, arrival_r]; accepted ones are served FCFS. A ring of each tenant's last
 `limit` accepted arrival times makes the check O(1): reject iff the ring is full and its oldest
 entry is > arrival_r - 60000."""
-import numba as nb
 import numpy as np
 
+from ..sim import jit
 from ..sim.state import ARRIVAL, TENANT
 from .base import Policy, check_int
 from .fcfs import select  # noqa: F401  (served FCFS)
@@ -15,7 +15,7 @@ PID = 1
 WINDOW_MS = 60000.0
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def accept(pf, pi, RF, RI, TI, BT, heap, heap_n, r, t):
     n_t = TI.shape[1]
     limit = np.int64(pf[0])

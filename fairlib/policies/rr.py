@@ -8,16 +8,16 @@ waiting is skipped without losing anything (there is no credit). Every admission
 whatever its length: round robin equalises requests, not machine time.
 
 pi = [pointer]."""
-import numba as nb
 import numpy as np
 
+from ..sim import jit
 from ..sim.state import TENANT
 from .base import Policy
 
 PID = 10
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def select(pf, pi, RF, RI, TI, BT, heap, heap_n, t):
     n_t = TI.shape[1]
     for j in range(n_t):
@@ -27,7 +27,7 @@ def select(pf, pi, RF, RI, TI, BT, heap, heap_n, t):
     return -1
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E):
     pi[0] = (RI[TENANT, r] + 1) % TI.shape[1]
 

@@ -1,15 +1,15 @@
 """slot_cap(cap): FCFS, skipping requests of tenants that already run `cap` sequences.
 One line per tenant; the next request is the oldest head among tenants under their cap."""
-import numba as nb
 import numpy as np
 
+from ..sim import jit
 from ..sim.state import T_RUNNING
 from .base import Policy, check_int
 
 PID = 5
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def select(pf, pi, RF, RI, TI, BT, heap, heap_n, t):
     cap = pf[0]
     best = -1

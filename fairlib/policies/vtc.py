@@ -11,16 +11,16 @@ model): prefill_ms_per_token * prefill_tokens / w_i at admission, per_seq / w_i 
 
 pf = [wp, wq, c_0..c_{n-1}, w_0..w_{n-1}];  pi = [lift (0/1), residency mode (0/1)].
 """
-import numba as nb
 import numpy as np
 
-from ..sim.state import LAST_IDS, TENANT
+from ..sim import jit
+from ..sim.state import T_RUNNING, TENANT
 from .base import Policy, check_number
 
 PID_VTC, PID_LCF, PID_RESIDENCY = 2, 3, 4
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def accept(pf, pi, RF, RI, TI, BT, heap, heap_n, r, t):
     if pi[0] == 1:
         n_t = TI.shape[1]
@@ -35,7 +35,7 @@ def accept(pf, pi, RF, RI, TI, BT, heap, heap_n, r, t):
     return True
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def select(pf, pi, RF, RI, TI, BT, heap, heap_n, t):
     best = -1
     for j in range(heap_n.shape[0]):
@@ -44,7 +44,7 @@ def select(pf, pi, RF, RI, TI, BT, heap, heap_n, t):
     return best
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E):
     n_t = TI.shape[1]
     tn = RI[TENANT, r]
@@ -52,13 +52,15 @@ def on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E):
     pf[2 + tn] += rate * prefill_tokens / pf[2 + n_t + tn]
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def on_iteration(pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E):
+    # each running sequence adds unit / w_i; TI[T_RUNNING, i] counts tenant i's running sequences
     n_t = TI.shape[1]
     unit = per_seq if pi[1] == 1 else pf[1]
-    for i in range(B):
-        tn = RI[TENANT, BT[LAST_IDS, i]]
-        pf[2 + tn] += unit / pf[2 + n_t + tn]
+    for j in range(n_t):
+        inc = unit / pf[2 + n_t + j]
+        for _ in range(TI[T_RUNNING, j]):
+            pf[2 + j] += inc
 
 
 class VTC(Policy):

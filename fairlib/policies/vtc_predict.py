@@ -35,9 +35,9 @@ The per-request prediction p_r lives in one extra waiting line that never holds 
 (line n: ``heap[n, r]`` holds the float64 bits of p_r), so it grows with the state
 (fairlib/sim/state.py ``grow``) like every per-request field.
 """
-import numba as nb
 import numpy as np
 
+from ..sim import jit
 from ..sim.state import GENERATED, LAST_IDS, OUTPUT, PREEMPT, TENANT
 from .base import check_int, check_number
 from .vtc import VTC, accept, select  # noqa: F401  (vtc's lift and selection)
@@ -45,7 +45,7 @@ from .vtc import VTC, accept, select  # noqa: F401  (vtc's lift and selection)
 PID = 11
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E):
     n_t = TI.shape[1]
     tn = RI[TENANT, r]
@@ -58,7 +58,7 @@ def on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E):
         pf[2 + tn] += pf[0] * prefill_tokens / w
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def _finish(pf, pi, RI, heap, n_t, r):
     tn = RI[TENANT, r]
     p = heap[n_t].view(np.float64)[r]
@@ -74,7 +74,7 @@ def _finish(pf, pi, RI, heap, n_t, r):
         pf[k] = (pf[k] * (window - 1) + actual) / window
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def on_iteration(pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E):
     n_t = TI.shape[1]
     pred = heap[n_t].view(np.float64)

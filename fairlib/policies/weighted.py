@@ -4,15 +4,15 @@ first slot whose class has a request waiting (FCFS within the class); when that 
 admitted the pointer moves to the slot after the chosen one.
 
 pi = [pointer, chosen slot, rotation...]."""
-import numba as nb
 import numpy as np
 
+from ..sim import jit
 from .base import Policy, check_int
 
 PID = 7
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def select(pf, pi, RF, RI, TI, BT, heap, heap_n, t):
     n_slots = pi.shape[0] - 2
     for j in range(n_slots):
@@ -24,7 +24,7 @@ def select(pf, pi, RF, RI, TI, BT, heap, heap_n, t):
     return -1
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E):
     pi[0] = (pi[1] + 1) % (pi.shape[0] - 2)
 

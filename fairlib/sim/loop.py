@@ -7,11 +7,10 @@ policy: it calls the hooks in fairlib/policies/dispatch.py with the policy's id.
 E = [iter_base_ms, iter_slope_ms, prefill_ms_per_token, max_batch, max_prefill_tokens,
 kv_capacity_tokens] (inf = no limit). The state arrays are described in fairlib/sim/state.py.
 """
-import numba as nb
 import numpy as np
 
 from ..policies import dispatch
-from . import lines
+from . import jit, lines
 from .state import (ADMITTED, ARRIVAL, BUSY_MS, CHARGED, DECODE_TOKENS, ENTERED, FINISH, FINISHED, FIRST,
                     GENERATED, HELD, HELD_IDS, ITERATIONS, LAST_B, LAST_IDS, LINE, N_HELD, N_REQ, N_RUNNING,
                     NEXT_ARRIVAL, OUTPUT, PRE_TOK, PREEMPT, PROMPT, REJECTED, RUN_IDS, RUNNING, STATUS, T_ADMITTED,
@@ -22,7 +21,7 @@ from .state import (ADMITTED, ARRIVAL, BUSY_MS, CHARGED, DECODE_TOKENS, ENTERED,
 ENDED, RAN, IDLE_JUMP = 0, 1, 2
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def _deliver(RF, RI, TI, BT, heap, heap_n, si, E, pid, pf, pi, t):
     """Step 1: hand every arrival with arrival <= t to the policy, in table order."""
     n = si[N_REQ]
@@ -41,7 +40,7 @@ def _deliver(RF, RI, TI, BT, heap, heap_n, si, E, pid, pf, pi, t):
     si[NEXT_ARRIVAL] = r
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def _preempt(RI, TI, BT, si, E):
     """Step 2: recompute-preempt the latest entrant while the running set needs more KV than
     there is; need(S) = sum over S of (prompt + generated + 1). Returns need(running)."""
@@ -68,7 +67,7 @@ def _preempt(RI, TI, BT, si, E):
     return need
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def _admit(RF, RI, TI, BT, heap, heap_n, si, E, pid, pf, pi, t, need):
     """Step 3: admit what the policy names while slots, prefill budget and KV allow. Returns P."""
     P = 0
@@ -99,7 +98,7 @@ def _admit(RF, RI, TI, BT, heap, heap_n, si, E, pid, pf, pi, t, need):
     return P
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def _emit(RF, RI, TF, TI, BT, sf, si, E, B, P, t):
     """Steps 5-7: cost, residency charges, one token per running sequence. Returns (clock, per_seq)."""
     per_seq = (E[0] + E[1] * B) / B
@@ -126,7 +125,7 @@ def _emit(RF, RI, TF, TI, BT, sf, si, E, B, P, t):
     return t, per_seq
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def _retire(RF, RI, TI, BT, heap, heap_n, si, pid, pf, pi, B, t):
     """Step 8, after the policy's bookkeeping: finishes leave the batch, the preempted go back."""
     k = 0
@@ -151,7 +150,7 @@ def _retire(RF, RI, TI, BT, heap, heap_n, si, pid, pf, pi, B, t):
     si[N_HELD] = 0
 
 
-@nb.njit(cache=True, inline="always")
+@jit.inline
 def step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi):
     """One iteration at the clock sf[T_NOW]. Returns RAN, IDLE_JUMP or ENDED (nothing runs and
     no arrival is left; an online caller appends arrivals and calls again)."""
@@ -174,14 +173,14 @@ def step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi):
     return RAN
 
 
-@nb.njit(cache=True)
+@jit.entry
 def step_once(S, E, pid, pf, pi):
     """One iteration (online use): the same `step` the batch run uses."""
     RF, RI, TF, TI, BT, heap, heap_n, sf, si = S
     return step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi)
 
 
-@nb.njit(cache=True)
+@jit.entry
 def run(S, E, pid, pf, pi, horizon_ms):
     """Iterate while the clock is below the horizon (the last iteration may end past it)."""
     RF, RI, TF, TI, BT, heap, heap_n, sf, si = S
