@@ -1,0 +1,284 @@
+"""Server-Sent Events for OpenAI-style streaming: an incremental parser and a chunk interpreter.
+
+``SSEParser`` turns bytes (split anywhere) into ``SSEEvent``s: ``data:`` lines (joined by ``\\n``
+when an event has several), ``:`` comments skipped, LF / CRLF / CR line ends, one event per blank
+line. ``decode_payload`` turns an event into a JSON object or ``DONE``; anything else is a
+``MalformedSSE``.
+
+``StreamAccumulator`` folds the decoded chunks of one response into the facts a record needs:
+the arrival time and token count of each token-bearing chunk (completions ``choices[0].text``,
+chat ``choices[0].delta.content``; a chat role-only chunk carries no token), ``finish_reason``,
+``usage`` (vLLM's ``choices: []`` chunk, llama.cpp's final chunk), llama.cpp's ``timings``, and
+token ids (vLLM ``return_token_ids``). A chunk counts ``len(token_ids)`` tokens when the server
+sends ids, else 1; the completion length comes from ``usage`` or token ids, never from chunks.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+__all__ = [
+    "DONE", "SSEEvent", "SSEParser", "MalformedSSE", "StreamError",
+    "decode_payload", "ChunkInfo", "interpret_chunk", "StreamAccumulator",
+]
+
+_EOL = re.compile(rb"\r\n|\r|\n")
+
+
+class MalformedSSE(ValueError):
+    """The byte stream is not valid SSE, or an event's data is not a JSON object."""
+
+
+class StreamError(RuntimeError):
+    """The server reported an error inside a 200 stream (``{"error": {...}}``)."""
+
+    def __init__(self, message: str, code: Optional[int] = None):
+        super().__init__(message)
+        self.code = code
+
+
+class _Done:
+    def __repr__(self):
+        return "DONE"
+
+
+DONE = _Done()
+"""Sentinel returned by ``decode_payload`` for ``data: [DONE]``."""
+
+
+@dataclass(frozen=True)
+class SSEEvent:
+    """One dispatched event: its data (lines joined by LF), event type and id if given."""
+
+    data: str
+    event: Optional[str] = None
+    id: Optional[str] = None
+
+    @property
+    def is_done(self) -> bool:
+        return self.data.strip() == "[DONE]"
+
+
+class SSEParser:
+    """Incremental SSE parser: ``feed(bytes) -> [SSEEvent]``, ``flush() -> [SSEEvent]`` at EOF."""
+
+    def __init__(self, max_line_bytes: int = 16 << 20):
+        self.max_line_bytes = max_line_bytes
+        self.comments = 0
+        self._buf = bytearray()
+        self._data: list[str] = []
+        self._event: Optional[str] = None
+        self._id: Optional[str] = None
+        self._first_line = True
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        buf = self._buf
+        buf += chunk
+        events: list[SSEEvent] = []
+        pos, n = 0, len(buf)
+        while True:
+            m = _EOL.search(buf, pos)
+            if m is None:
+                break
+            if m.end() == n and buf[m.start()] == 0x0D and m.end() - m.start() == 1:
+                break  # a CR at the end may be the first half of a CRLF split across reads
+            ev = self._line(bytes(buf[pos:m.start()]))
+            pos = m.end()
+            if ev is not None:
+                events.append(ev)
+        if pos:
+            del buf[:pos]
+        if len(buf) > self.max_line_bytes:
+            raise MalformedSSE(f"SSE line longer than {self.max_line_bytes} bytes")
+        return events
+
+    def flush(self) -> list[SSEEvent]:
+        """End of stream: take a last unterminated line and dispatch pending data (lenient)."""
+        events = []
+        if self._buf:
+            line = bytes(self._buf.rstrip(b"\r"))
+            self._buf.clear()
+            ev = self._line(line)
+            if ev is not None:
+                events.append(ev)
+        ev = self._line(b"")
+        if ev is not None:
+            events.append(ev)
+        return events
+
+    def _line(self, raw: bytes) -> Optional[SSEEvent]:
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise MalformedSSE(f"SSE line is not UTF-8: {e}") from None
+        if self._first_line:
+            self._first_line = False
+            line = line.lstrip("\ufeff")
+        if not line:
+            if not self._data:
+                self._event = None
+                return None
+            ev = SSEEvent("\n".join(self._data), self._event, self._id)
+            self._data, self._event = [], None
+            return ev
+        if line[0] == ":":
+            self.comments += 1
+            return None
+        name, sep, value = line.partition(":")
+        if sep and value[:1] == " ":
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id" and "\0" not in value:
+            self._id = value
+        return None  # "retry" and unknown fields are ignored, as the SSE spec says
+
+
+def decode_payload(event: SSEEvent):
+    """``DONE`` for ``[DONE]``, else the event's JSON object; ``MalformedSSE`` otherwise."""
+    if event.is_done:
+        return DONE
+    try:
+        obj = json.loads(event.data)
+    except ValueError as e:
+        raise MalformedSSE(f"event data is not JSON ({e}): {event.data[:200]!r}") from None
+    if not isinstance(obj, dict):
+        raise MalformedSSE(f"event data is not a JSON object: {event.data[:200]!r}")
+    return obj
+
+
+# --- chunk interpretation ---------------------------------------------------------------------
+
+_STANDARD_KEYS = frozenset({
+    "id", "object", "created", "model", "choices", "usage", "system_fingerprint", "timings",
+    "service_tier", "prompt_token_ids", "prompt_logprobs", "kv_transfer_params", "error",
+})
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    """What one decoded chunk carried."""
+
+    text: str = ""
+    n_tokens: int = 0
+    token_ids: Optional[list] = None
+    finish_reason: Optional[str] = None
+    usage: Optional[dict] = None
+    timings: Optional[dict] = None
+    extra: Optional[dict] = None
+
+    @property
+    def is_token_chunk(self) -> bool:
+        """Did it carry generated output (text or token ids)?"""
+        return bool(self.text) or self.n_tokens > 0
+
+
+def _choice_text(choice: dict) -> str:
+    if "text" in choice:  # completions
+        return choice.get("text") or ""
+    part = choice.get("delta") or choice.get("message") or {}
+    if not isinstance(part, dict):
+        raise MalformedSSE(f"choice delta is not an object: {part!r}")
+    return (part.get("content") or "") + (part.get("reasoning_content") or part.get("reasoning") or "")
+
+
+def interpret_chunk(payload: dict) -> ChunkInfo:
+    """Read one streaming chunk (completions or chat, vLLM or llama.cpp)."""
+    err = payload.get("error")
+    if err is not None or payload.get("object") == "error":
+        e = err if isinstance(err, dict) else payload
+        code = e.get("code")
+        raise StreamError(str(e.get("message", err)), code if isinstance(code, int) else None)
+    choices = payload.get("choices")
+    if choices is None:
+        choices = []
+    if not isinstance(choices, list):
+        raise MalformedSSE(f"'choices' is not a list: {choices!r}")
+    choice = None
+    for c in choices:
+        if not isinstance(c, dict):
+            raise MalformedSSE(f"a choice is not an object: {c!r}")
+        if c.get("index", 0) == 0:
+            choice = c
+            break
+    text, n, ids, finish = "", 0, None, None
+    if choice is not None:
+        text = _choice_text(choice)
+        ids = choice.get("token_ids")
+        if ids is not None and not isinstance(ids, list):
+            raise MalformedSSE(f"'token_ids' is not a list: {ids!r}")
+        n = len(ids) if ids is not None else (1 if text else 0)
+        finish = choice.get("finish_reason")
+    usage = payload.get("usage")
+    timings = payload.get("timings")
+    extra = {k: v for k, v in payload.items()
+             if k not in _STANDARD_KEYS and isinstance(v, (int, float, dict)) and not isinstance(v, bool)}
+    return ChunkInfo(text, n, ids, finish, usage if isinstance(usage, dict) else None,
+                     timings if isinstance(timings, dict) else None, extra or None)
+
+
+@dataclass
+class StreamAccumulator:
+    """Folds one response's chunks (with their arrival times) into timing and token facts."""
+
+    chunk_times: list = field(default_factory=list)   # arrival of each token-bearing chunk
+    chunk_tokens: list = field(default_factory=list)  # tokens each carried
+    finish_reason: Optional[str] = None
+    usage: Optional[dict] = None
+    server_timings: Optional[dict] = None
+    token_id_count: int = 0
+    saw_token_ids: bool = False
+    done: bool = False
+    n_chunks: int = 0  # every decoded JSON chunk, token-bearing or not
+    text_chars: int = 0
+
+    def add(self, payload: dict, t: float) -> ChunkInfo:
+        info = interpret_chunk(payload)
+        self.n_chunks += 1
+        if info.is_token_chunk:
+            self.chunk_times.append(t)
+            self.chunk_tokens.append(info.n_tokens)
+            self.text_chars += len(info.text)
+        if info.token_ids is not None:
+            self.saw_token_ids = True
+            self.token_id_count += len(info.token_ids)
+        if info.finish_reason is not None:
+            self.finish_reason = info.finish_reason
+        if info.usage is not None:
+            self.usage = info.usage
+        if info.timings is not None or info.extra:
+            st = dict(self.server_timings or {})
+            st.update(info.timings or {})
+            st.update(info.extra or {})
+            self.server_timings = st
+        return info
+
+    @property
+    def first_token_t(self) -> Optional[float]:
+        return self.chunk_times[0] if self.chunk_times else None
+
+    @property
+    def last_token_t(self) -> Optional[float]:
+        return self.chunk_times[-1] if self.chunk_times else None
+
+    @property
+    def completion_tokens(self) -> Optional[int]:
+        """From ``usage.completion_tokens``, else from token ids; ``None`` if neither was sent."""
+        src = self.tokens_source
+        if src == "usage":
+            return int(self.usage["completion_tokens"])
+        if src == "token_ids":
+            return self.token_id_count
+        return None
+
+    @property
+    def tokens_source(self) -> Optional[str]:
+        if self.usage is not None and isinstance(self.usage.get("completion_tokens"), int):
+            return "usage"
+        if self.saw_token_ids:
+            return "token_ids"
+        return None
