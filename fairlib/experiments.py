@@ -53,3 +53,14 @@ def share_summary(runs: pd.DataFrame, value: str = "share", scale: float = 100.0
     out["max/min"] = mm.mean().loc[order]
     out["max/min sd"] = mm.std(ddof=1).loc[order]
     return out.join(sd.loc[order, names].add_suffix(" sd"))
+
+
+def component_split(runs: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Each tenant's part of `column` (e.g. decode_ms) within its run, x / sum over the run's
+    tenants, with the run's max/min of those parts: columns policy, seed, name, part, part_max_min."""
+    out = runs[["policy", "seed", "name", column]].copy()
+    total = out.groupby(["policy", "seed"])[column].transform("sum")
+    out["part"] = out[column] / total
+    g = out.groupby(["policy", "seed"])["part"]
+    out["part_max_min"] = g.transform("max") / g.transform("min")
+    return out

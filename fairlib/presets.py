@@ -38,7 +38,8 @@ def spread_means(means, spread: float) -> np.ndarray:
 def seed000(seed: int = 0, duration_s: float = 120.0, output_dist: str = "geometric",
             flood: float = 1.0, flood_tenant: Union[int, str, None] = None,
             spread: Optional[float] = None, engine: Optional[Engine] = None, *,
-            lognormal_sigma: float = 1.0, est_output: Optional[str] = None) -> Scenario:
+            lognormal_sigma: float = 1.0, est_output: Optional[str] = None,
+            prompt_tokens: int = SEED000_PROMPT_TOKENS) -> Scenario:
     """The seed-000 scenario (book chapters 1-4): four tenants on one replica.
 
     Engine: ``Engine(9.0, 0.55, 0.06, 24)`` (``SEED000_ENGINE``), i.e. ``dt = 9 + 0.55 B + 0.06 P``
@@ -64,6 +65,8 @@ def seed000(seed: int = 0, duration_s: float = 120.0, output_dist: str = "geomet
         geometrically (:func:`spread_means`: order and geometric mean kept) and each tenant still
         offers 750 ms/s (rates recomputed). ``None`` keeps the published means.
     est_output : passed to every :class:`Tenant` (``None``/"mean" or "oracle").
+    prompt_tokens : every tenant's prompt length (default the seed's 387); each tenant still
+        offers 750 ms/s, so its request rate follows the longer or shorter prompt.
     """
     if output_dist not in SEED000_OUTPUT_DISTS:
         raise ValueError(f"seed000: output_dist must be one of {SEED000_OUTPUT_DISTS}, got {output_dist!r}")
@@ -93,7 +96,7 @@ def seed000(seed: int = 0, duration_s: float = 120.0, output_dist: str = "geomet
         return Constant(max(1, int(math.floor(mean + 0.5))))
 
     tenants = [
-        Tenant(name, output=dist(m), prompt=Constant(SEED000_PROMPT_TOKENS),
+        Tenant(name, output=dist(m), prompt=Constant(prompt_tokens),
                machine_ms_per_s=SEED000_MACHINE_MS_PER_S * (flood if i == fi else 1.0),
                est_output=est_output)
         for i, (name, m) in enumerate(zip(SEED000_TENANTS, means))

@@ -76,10 +76,8 @@ def validate_requests(requests, n_tenants: Optional[int] = None) -> tuple[pd.Dat
     if len(tenant) and (tenant.min() < 0 or tenant.max() >= n_tenants):
         raise ValueError(f"requests: column 'tenant' must lie in 0..{n_tenants - 1}, "
                          f"found {tenant.min()}..{tenant.max()}")
-    clean = df.copy()
-    for name, values in out.items():
-        clean[name] = values
-    return clean, n_tenants
+    columns = {c: (out[c] if c in out else df[c].to_numpy()) for c in df.columns}
+    return pd.DataFrame(columns, copy=False), n_tenants
 
 
 def build_state(df: pd.DataFrame, n_tenants: int, engine: Engine, policy: Policy, capacity=None):
@@ -132,14 +130,13 @@ class SimResult:
 def collect(df: pd.DataFrame, S: State, n: int, engine: Engine, policy: Policy, pf, horizon_ms,
             tenant_names=None) -> SimResult:
     """Turn the final state into result tables."""
-    req = df.iloc[:n].copy()
-    req["rejected"] = S.RI[STATUS, :n] == REJECTED
-    req["admitted_ms"] = S.RF[ADMITTED, :n].copy()
-    req["first_token_ms"] = S.RF[FIRST, :n].copy()
-    req["finish_ms"] = S.RF[FINISH, :n].copy()
-    req["generated"] = S.RI[GENERATED, :n].copy()
-    req["charged_ms"] = S.RF[CHARGED, :n].copy()
-    req["preemptions"] = S.RI[PREEMPT, :n].copy()
+    columns = {c: df[c].to_numpy()[:n].copy() for c in df.columns}
+    columns.update({
+        "rejected": S.RI[STATUS, :n] == REJECTED, "admitted_ms": S.RF[ADMITTED, :n].copy(),
+        "first_token_ms": S.RF[FIRST, :n].copy(), "finish_ms": S.RF[FINISH, :n].copy(),
+        "generated": S.RI[GENERATED, :n].copy(), "charged_ms": S.RF[CHARGED, :n].copy(),
+        "preemptions": S.RI[PREEMPT, :n].copy()})
+    req = pd.DataFrame(columns, copy=False)
     n_t = S.TF.shape[1]
     names = list(tenant_names) if tenant_names is not None else [str(i) for i in range(n_t)]
     machine = S.TF[T_MACHINE].copy()
