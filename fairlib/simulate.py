@@ -80,29 +80,48 @@ def validate_requests(requests, n_tenants: Optional[int] = None) -> tuple[pd.Dat
     return pd.DataFrame(columns, copy=False), n_tenants
 
 
+class RequestArrays:
+    """A validated request table as the arrays the engine state is filled from; one per table,
+    reused for every policy run on it (fairlib/sweep.py runs several policies per table)."""
+
+    def __init__(self, df: pd.DataFrame, n_tenants: int):
+        self.n = n = len(df)
+        self.n_tenants = n_tenants
+        self.columns = set(df.columns)
+        self.rows = np.arange(n)
+        self.arrival = df["arrival_ms"].to_numpy(np.float64)
+        self.tenant = df["tenant"].to_numpy(np.int64)
+        self.prompt = df["prompt_tokens"].to_numpy(np.int64)
+        self.output = df["output_tokens"].to_numpy(np.int64)
+        self.klass = df["klass"].to_numpy(np.int64) if "klass" in df else np.zeros(n, np.int64)
+        self.priority = df["priority"].to_numpy(np.int64) if "priority" in df else None
+        self.est = df["est_output_tokens"].to_numpy(np.int64) if "est_output_tokens" in df else np.zeros(n, np.int64)
+
+    def state(self, engine: Engine, policy: Policy, capacity=None):
+        """Engine state and policy state arrays (S, pf, pi) for a run of `policy` on this table."""
+        for col in policy.needs:
+            if col not in self.columns and not (col == "priority" and "klass" in self.columns):
+                raise ValueError(f"policy {policy.name!r} needs the requests column {col!r}")
+        n = self.n
+        line, key, n_lines = policy.lines(self.rows, self.tenant, self.klass, self.priority, self.est,
+                                          self.n_tenants)
+        S = allocate(max(n, capacity or 0), self.n_tenants, n_lines, engine.max_batch)
+        S.RF[ARRIVAL, :n] = self.arrival
+        S.RF[KEY, :n] = key
+        S.RI[TENANT, :n] = self.tenant
+        S.RI[PROMPT, :n] = self.prompt
+        S.RI[OUTPUT, :n] = self.output
+        S.RI[EST, :n] = self.est
+        S.RI[KLASS, :n] = self.klass
+        S.RI[LINE, :n] = line
+        S.si[N_REQ] = n
+        pf, pi = policy.state(self.n_tenants, n)
+        return S, pf, pi
+
+
 def build_state(df: pd.DataFrame, n_tenants: int, engine: Engine, policy: Policy, capacity=None):
     """Engine state and policy state arrays for a validated table."""
-    n = len(df)
-    for col in policy.needs:
-        if col not in df.columns and not (col == "priority" and "klass" in df.columns):
-            raise ValueError(f"policy {policy.name!r} needs the requests column {col!r}")
-    rows = np.arange(n)
-    klass = df["klass"].to_numpy(np.int64) if "klass" in df else np.zeros(n, np.int64)
-    prio = df["priority"].to_numpy(np.int64) if "priority" in df else None
-    est = df["est_output_tokens"].to_numpy(np.int64) if "est_output_tokens" in df else np.zeros(n, np.int64)
-    line, key, n_lines = policy.lines(rows, df["tenant"].to_numpy(np.int64), klass, prio, est, n_tenants)
-    S = allocate(max(n, capacity or 0), n_tenants, n_lines, engine.max_batch)
-    S.RF[ARRIVAL, :n] = df["arrival_ms"].to_numpy(float)
-    S.RF[KEY, :n] = key
-    S.RI[TENANT, :n] = df["tenant"].to_numpy(np.int64)
-    S.RI[PROMPT, :n] = df["prompt_tokens"].to_numpy(np.int64)
-    S.RI[OUTPUT, :n] = df["output_tokens"].to_numpy(np.int64)
-    S.RI[EST, :n] = est
-    S.RI[KLASS, :n] = klass
-    S.RI[LINE, :n] = line
-    S.si[N_REQ] = n
-    pf, pi = policy.state(n_tenants)
-    return S, pf, pi
+    return RequestArrays(df, n_tenants).state(engine, policy, capacity)
 
 
 @dataclass

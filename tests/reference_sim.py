@@ -276,6 +276,84 @@ class _Counter(_Policy):
                 self.counter[u] += self.wq / self.weights[u]
 
 
+class _RoundRobin(_Policy):
+    """rr: per-tenant FIFO lines and a pointer over tenants (starting at tenant 0). Select scans
+    tenants pointer, pointer + 1, ... (mod n) for the first with a request waiting and names its
+    oldest; admitting it moves the pointer to the tenant after the admitted request's tenant."""
+
+    def __init__(self, sim):
+        super().__init__(sim)
+        self.lines = [[] for _ in range(sim.n_tenants)]  # min-heaps of table positions
+        self.pointer = 0
+
+    def push(self, i):
+        heapq.heappush(self.lines[self.sim.tenant[i]], i)
+
+    def select(self, t):
+        n = self.sim.n_tenants
+        for step in range(n):
+            u = (self.pointer + step) % n
+            if self.lines[u]:
+                return self.lines[u][0]
+        return None
+
+    def admit(self, i, prefill_tokens):
+        u = self.sim.tenant[i]
+        assert self.lines[u][0] == i
+        heapq.heappop(self.lines[u])
+        self.pointer = (u + 1) % self.sim.n_tenants
+
+
+class _VTCPredict(_Counter):
+    """vtc_predict (book/engine-model.md): vtc's lines, selection and lift. Each tenant has a
+    predicted output length (`init` until its first finish; then the first finished output; then
+    (pred * (window - 1) + actual) / window at every finish). A request's first admission fixes
+    its prediction p and charges wp * prefill / w + wq * p / w; a re-admission after a preemption
+    charges wp * prefill / w only. Each iteration a sequence that ran is charged wq / w if its
+    token count (the token just emitted included) exceeds p. Then the iteration's finishes, in
+    table order: with actual < p the tenant gets wq * (p - actual) / w back, then its prediction
+    is updated."""
+
+    def __init__(self, sim, wp=1.0, wq=2.0, weights=None, window=5, init=0.0):
+        super().__init__(sim, "vtc", wp=wp, wq=wq, weights=weights)
+        self.window = int(window)
+        if self.window < 1:
+            raise ValueError("vtc_predict window must be >= 1")
+        self.prediction = [float(init)] * sim.n_tenants
+        self.has_finished = [False] * sim.n_tenants
+        self.p = {}        # request -> its prediction, fixed at its first admission
+        self.tokens = {}   # request -> tokens emitted so far
+
+    def admit(self, i, prefill_tokens):
+        u = self.sim.tenant[i]
+        assert self.lines[u][0] == i
+        heapq.heappop(self.lines[u])
+        w = self.weights[u]
+        if i not in self.p:
+            self.p[i] = self.prediction[u]
+            self.tokens[i] = 0
+            self.counter[u] += self.wp * prefill_tokens / w + self.wq * self.p[i] / w
+        else:
+            self.counter[u] += self.wp * prefill_tokens / w
+
+    def end_iteration(self, ran, per_seq, finished):
+        for i in ran:
+            self.tokens[i] += 1
+            if self.tokens[i] > self.p[i]:
+                u = self.sim.tenant[i]
+                self.counter[u] += self.wq / self.weights[u]
+        for i in sorted(finished):  # the iteration's finishes in table order
+            u = self.sim.tenant[i]
+            actual = self.tokens[i]
+            if actual < self.p[i]:
+                self.counter[u] -= self.wq * (self.p[i] - actual) / self.weights[u]
+            if not self.has_finished[u]:
+                self.prediction[u] = float(actual)
+                self.has_finished[u] = True
+            else:
+                self.prediction[u] = (self.prediction[u] * (self.window - 1) + actual) / self.window
+
+
 def _make_policy(sim, policy, params):
     def take(*names):
         unknown = set(params) - set(names)
@@ -310,6 +388,11 @@ def _make_policy(sim, policy, params):
         return _KeyHeap(sim, sim.est)
     if policy == "aging":
         return _Aging(sim, take("rate")["rate"])
+    if policy == "rr":
+        take()
+        return _RoundRobin(sim)
+    if policy == "vtc_predict":
+        return _VTCPredict(sim, **take("wp", "wq", "weights", "window", "init"))
     raise ValueError(f"unknown policy {policy!r}")
 
 

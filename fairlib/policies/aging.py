@@ -45,5 +45,5 @@ class Aging(Policy):
         self.n_classes = int(n_classes)
         return self.n_classes
 
-    def state(self, n_tenants):
+    def state(self, n_tenants, n_requests=None):
         return np.array([self.values["rate"]]), np.zeros(1, np.int64)

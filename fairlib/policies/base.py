@@ -65,8 +65,9 @@ class Policy:
         """How many lines the policy keeps when requests arrive one by one (fairlib/online.py)."""
         return 1
 
-    def state(self, n_tenants: int):
-        """(pf, pi): the float and int arrays the compiled hooks keep their state in."""
+    def state(self, n_tenants: int, n_requests=None):
+        """(pf, pi): the float and int arrays the compiled hooks keep their state in, for a run of
+        `n_requests` requests (None: requests arrive one by one, fairlib/online.py)."""
         return np.zeros(1), np.zeros(1, np.int64)
 
     def counters(self, pf, n_tenants):

@@ -1,36 +1,27 @@
 """priority: the lowest `priority` value first (lower is served earlier, as in vLLM), FCFS within.
-Uses the `priority` column, or `klass` when there is none. Lines are the priority values' ranks."""
+Uses the `priority` column, or `klass` when there is none. One line ordered by (priority, arrival):
+its head is the next request, whatever the number of distinct priorities."""
 import numpy as np
 
-from ..sim import jit
 from .base import Policy
+from .fcfs import select  # noqa: F401  (the head of the single line)
 
 PID = 6
-
-
-@jit.inline
-def select(pf, pi, RF, RI, TI, BT, heap, heap_n, t):
-    for j in range(heap_n.shape[0]):
-        if heap_n[j] > 0:
-            return j
-    return -1
 
 
 class Priority(Policy):
     name, pid = "priority", PID
     needs = ("priority",)
 
-    fixed_levels = None
+    allowed = None
 
     def online_lines(self, n_tenants, n_classes, priority_levels):
-        self.fixed_levels = np.unique(np.asarray(list(priority_levels), np.int64))
-        return len(self.fixed_levels)
+        self.allowed = np.unique(np.asarray(list(priority_levels), np.int64))
+        return 1
 
     def lines(self, rows, tenant, klass, priority, est, n_tenants):
         values = np.asarray(priority if priority is not None else klass, np.int64)
-        levels = self.fixed_levels if self.fixed_levels is not None else np.unique(values)
-        line = np.searchsorted(levels, values).astype(np.int64)
-        if len(values) and (line.max() >= len(levels) or np.any(levels[np.minimum(line, len(levels) - 1)] != values)):
-            raise ValueError(f"policy {self.name!r}: priority must be one of {levels.min()}..{levels.max()}, got "
-                             f"{values[~np.isin(values, levels)][0]}")
-        return line, np.asarray(rows, np.float64), len(levels)
+        if self.allowed is not None and len(values) and not np.isin(values, self.allowed).all():
+            raise ValueError(f"policy {self.name!r}: priority must be one of {self.allowed.min()}..{self.allowed.max()}, "
+                             f"got {values[~np.isin(values, self.allowed)][0]}")
+        return np.zeros(len(values), np.int64), values.astype(np.float64), 1

@@ -41,5 +41,5 @@ class RoundRobin(Policy):
     def online_lines(self, n_tenants, n_classes, priority_levels):
         return n_tenants
 
-    def state(self, n_tenants):
+    def state(self, n_tenants, n_requests=None):
         return np.zeros(1), np.zeros(1, np.int64)

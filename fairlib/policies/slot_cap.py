@@ -34,5 +34,5 @@ class SlotCap(Policy):
     def online_lines(self, n_tenants, n_classes, priority_levels):
         return n_tenants
 
-    def state(self, n_tenants):
+    def state(self, n_tenants, n_requests=None):
         return np.array([float(self.values["cap"])]), np.zeros(1, np.int64)

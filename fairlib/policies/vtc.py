@@ -82,7 +82,7 @@ class VTC(Policy):
     def online_lines(self, n_tenants, n_classes, priority_levels):
         return n_tenants
 
-    def state(self, n_tenants):
+    def state(self, n_tenants, n_requests=None):
         w = self.values["weights"]
         if w is None:
             w = [1.0] * n_tenants

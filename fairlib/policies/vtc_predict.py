@@ -114,8 +114,8 @@ class VTCPredict(VTC):
     def online_lines(self, n_tenants, n_classes, priority_levels):
         return n_tenants + 1
 
-    def state(self, n_tenants):
-        pf, _ = super().state(n_tenants)
+    def state(self, n_tenants, n_requests=None):
+        pf, _ = super().state(n_tenants, n_requests)
         pf = np.concatenate([pf, np.full(n_tenants, self.values["init"]),
                              [float(self.values["window"]), self.values["init"]]])
         return pf, np.concatenate([[1, 0], np.zeros(n_tenants, np.int64)]).astype(np.int64)

@@ -52,6 +52,6 @@ class Weighted(Policy):
     def online_lines(self, n_tenants, n_classes, priority_levels):
         return len(self.values["w"])
 
-    def state(self, n_tenants):
+    def state(self, n_tenants, n_requests=None):
         rotation = [k for k, wk in enumerate(self.values["w"]) for _ in range(wk)]
         return np.zeros(1), np.array([0, 0] + rotation, np.int64)

@@ -1,9 +1,12 @@
-"""Hand-computed cases of the engine model (book/engine-model.md).
+"""Hand-computed cases of the engine model (book/engine-model.md), run against both simulators.
 
 Every expected value below was worked out by hand from the contract, iteration by
 iteration, and is written out in the comments; none was read off an implementation.
-The cases are run against ``tests/reference_sim.py`` here; to reuse them against another
-simulator, point ``SIMULATE`` at a function with the same signature and return shape.
+Each case runs twice, through the ``sim`` fixture: against ``tests/reference_sim.py``
+(``[reference]``) and against ``fairlib.simulate`` (``[compiled]``, through
+``sim_harness.compiled_simulate``, which gives the compiled result the reference's
+``(req, ten, run)`` shape). To run the cases against another simulator, add it to
+``sim_harness.SIMULATORS``.
 
 Unless stated otherwise the engine is  base = 10 ms, slope = 1 ms/seq, prefill = 0.1 ms/token,
 so an iteration costs  dt = 10 + B + 0.1 * P  and charges  per_seq = (10 + B) / B  to each
@@ -15,21 +18,26 @@ import math
 import pandas as pd
 import pytest
 
-from reference_sim import reference_simulate
-
-SIMULATE = reference_simulate
+from sim_harness import SIMULATORS, compiled_result
 
 ENGINE = dict(iter_base_ms=10.0, iter_slope_ms=1.0, prefill_ms_per_token=0.1)
 
 
-def sim(rows, n_tenants, max_batch=8, **kw):
-    """rows: list of dicts (arrival_ms, tenant, prompt_tokens, output_tokens, ...)."""
-    df = pd.DataFrame(rows)
-    params = dict(ENGINE)
-    params.update(kw)
-    req, ten, run = SIMULATE(df, n_tenants=n_tenants, max_batch=max_batch, **params)
-    check_accounting(req, ten, run, df)
-    return req, ten, run
+@pytest.fixture(params=["reference", "compiled"])
+def sim(request):
+    """sim(rows, n_tenants, max_batch=8, **kw) -> (req, ten, run) on one implementation.
+    rows: list of dicts (arrival_ms, tenant, prompt_tokens, output_tokens, ...)."""
+    simulate = SIMULATORS[request.param]
+
+    def run_case(rows, n_tenants, max_batch=8, **kw):
+        df = pd.DataFrame(rows)
+        params = dict(ENGINE)
+        params.update(kw)
+        req, ten, run = simulate(df, n_tenants=n_tenants, max_batch=max_batch, **params)
+        check_accounting(req, ten, run, df)
+        return req, ten, run
+
+    return run_case
 
 
 def R(a, tenant, p, o, **extra):
@@ -69,7 +77,7 @@ def check_accounting(req, ten, run, df):
 # ---------------------------------------------------------------------------------------
 
 
-def test_fcfs_two_requests():
+def test_fcfs_two_requests(sim):
     # r0: tenant 0, prompt 10, output 2; r1: tenant 1, prompt 20, output 3; both at t=0.
     # it1 t=0 : admit r0, r1; B=2, P=30: dt = 10 + 2 + 3 = 15 -> t=15; per_seq = 12/2 = 6
     #           charges r0 = 1.0 + 6 = 7, r1 = 2.0 + 6 = 8; both emit their first token at 15
@@ -100,7 +108,7 @@ def test_fcfs_two_requests():
 ROWS_IDLE = [R(0, 0, 10, 1), R(5, 0, 10, 1), R(100, 1, 10, 2)]
 
 
-def test_fcfs_arrival_during_iteration_and_idle_gap():
+def test_fcfs_arrival_during_iteration_and_idle_gap(sim):
     # it1 t=0  : r0 admitted; B=1, P=10: dt = 12 -> t=12; r0 finishes at 12
     # it2 t=12 : r1 (arrived at 5, during it1) delivered now, admitted at 12; dt 12 -> t=24
     # t=24     : nothing runs -> idle jump to the next arrival, t=100
@@ -115,7 +123,7 @@ def test_fcfs_arrival_during_iteration_and_idle_gap():
     close(ten["share"], [24.0 / 47.0, 23.0 / 47.0])
 
 
-def test_horizon_completes_the_started_iteration():
+def test_horizon_completes_the_started_iteration(sim):
     # horizon 20: it1 (t=0) and it2 (t=12 < 20) run, it2 ends at 24 > 20 and completes;
     # at t=24 the loop stops. r2 is never delivered: not rejected, everything NaN.
     req, ten, run = sim(ROWS_IDLE, n_tenants=2, policy="fcfs", horizon_ms=20.0)
@@ -128,7 +136,7 @@ def test_horizon_completes_the_started_iteration():
     close(ten["share"], [1.0, 0.0])
 
 
-def test_horizon_after_idle_jump_and_running_at_end():
+def test_horizon_after_idle_jump_and_running_at_end(sim):
     # horizon 50: after it2 (t=24) the idle jump goes to t=100 >= 50: the run ends.
     req, ten, run = sim(ROWS_IDLE, n_tenants=2, policy="fcfs", horizon_ms=50.0)
     close(req["finish_ms"], [12.0, 24.0, math.nan])
@@ -145,7 +153,7 @@ def test_horizon_after_idle_jump_and_running_at_end():
     assert run["busy_ms"] == pytest.approx(36.0)
 
 
-def test_max_batch():
+def test_max_batch(sim):
     # max_batch 1. r0 (out 2), r1 (out 1), both at 0.
     # it1 t=0: r0 admitted, dt 12 -> 12; it2: batch full, dt 11 -> 23, r0 finishes
     # it3 t=23: r1 admitted, dt 12 -> 35
@@ -155,7 +163,7 @@ def test_max_batch():
     close(ten["machine_ms"], [23.0, 12.0])
 
 
-def test_max_prefill_tokens_no_skipping_and_engine_rejection():
+def test_max_prefill_tokens_no_skipping_and_engine_rejection(sim):
     # budget 25. r0 p20, r1 p10, r2 p5 (tenant 0); r3 p30 (tenant 1) > 25: rejected by the
     # engine at arrival. All output 1, all at t=0.
     # it1 t=0 : r0 (P=20); r1 would make 30 > 25: stop. r2 would fit but nothing is skipped.
@@ -174,7 +182,7 @@ def test_max_prefill_tokens_no_skipping_and_engine_rejection():
     assert run["busy_ms"] == pytest.approx(26.5)
 
 
-def test_nothing_delivered_share_nan():
+def test_nothing_delivered_share_nan(sim):
     # the only request is impossible for the engine: no busy time, share NaN
     req, ten, run = sim([R(0, 0, 30, 1)], n_tenants=1, policy="fcfs", max_prefill_tokens=25)
     assert req["rejected"] == [True]
@@ -187,7 +195,7 @@ def test_nothing_delivered_share_nan():
 # ---------------------------------------------------------------------------------------
 
 
-def test_rpm_quota():
+def test_rpm_quota(sim):
     # limit 2; all prompt 10, output 1 (each request alone costs dt = 12)
     # r0 t0 a=0      accepted (window (-60000, 0]: none)
     # r1 t0 a=10     accepted (window has r0)
@@ -209,7 +217,7 @@ def test_rpm_quota():
     assert run["iterations"] == 5
 
 
-def test_rpm_quota_rejections_do_not_count():
+def test_rpm_quota_rejections_do_not_count(sim):
     # limit 1. t0: a=0 accepted; a=59999.5 rejected (0 is in (-0.5, 59999.5]);
     # a=60000 accepted: (0, 60000] holds no accepted request (0 excluded, 59999.5 rejected).
     rows = [R(0, 0, 10, 1), R(59999.5, 0, 10, 1), R(60000, 0, 10, 1)]
@@ -227,7 +235,7 @@ def test_rpm_quota_rejections_do_not_count():
 ROWS_LIFT = [R(0, 0, 10, 1), R(0, 0, 10, 1), R(0, 0, 10, 1), R(1, 1, 10, 1), R(1, 1, 10, 1)]
 
 
-def test_vtc_counter_lift():
+def test_vtc_counter_lift(sim):
     # wp 1, wq 2.
     # it1 t=0 : r0..r2 delivered (t0 had no other backlogged tenant: no lift, c0 = 0).
     #           t0 -> r0, c0 = 10; end: c0 = 12. t=12
@@ -242,14 +250,14 @@ def test_vtc_counter_lift():
     close(req["admitted_ms"], [0.0, 12.0, 36.0, 24.0, 48.0])
 
 
-def test_lcf_no_lift():
+def test_lcf_no_lift(sim):
     # as above without the lift: at it2 c1 = 0 < c0 = 12 -> r3 (c1 = 12);
     # it3: tie 12/12 -> t0 r1 (c0 = 24); it4: c1 12 -> r4 (c1 = 24); it5: r2.
     req, ten, run = sim(ROWS_LIFT, n_tenants=2, max_batch=1, policy="lcf")
     close(req["finish_ms"], [12.0, 36.0, 60.0, 24.0, 48.0])
 
 
-def test_vtc_admission_charge_counts_for_the_next_pick():
+def test_vtc_admission_charge_counts_for_the_next_pick(sim):
     # max_batch 2. t0: r0, r1; t1: r2; all at 0, prompt 10, output 1.
     # delivery: r0 (c0 = 0), r1, r2 (lift to max(0, c0 = 0) = 0).
     # it1 t=0: tie -> t0 -> r0, c0 = 10 at admission; next pick c1 = 0 < 10 -> r2.
@@ -260,7 +268,7 @@ def test_vtc_admission_charge_counts_for_the_next_pick():
     close(req["finish_ms"], [14.0, 26.0, 14.0])
 
 
-def test_vtc_weights():
+def test_vtc_weights(sim):
     # weights [1, 2], max_batch 1, all at 0, prompt 10, output 1 (dt 12 each).
     # t0: r0, r1, r2; t1: r3, r4, r5. Delivery: c0 = 0, r3 lifts c1 to max(0, 0) = 0.
     # it1: tie -> t0 r0: c0 = 10 + 2 = 12
@@ -278,7 +286,7 @@ def test_vtc_weights():
 ROWS_RESIDENCY = [R(0, 0, 100, 1), R(0, 0, 100, 1), R(0, 1, 10, 3), R(0, 1, 10, 3)]
 
 
-def test_residency():
+def test_residency(sim):
     # counter charged the machine ms. Delivery: c0 = 0; r2 lifts c1 to max(0, 0) = 0.
     # it1 t=0 : tie -> t0 r0: c0 += 0.1*100 = 10; P=100: dt = 11 + 10 = 21 -> t=21;
     #           per_seq 11: c0 = 21
@@ -292,7 +300,7 @@ def test_residency():
     close(ten["machine_ms"], [42.0, 68.0])
 
 
-def test_vtc_on_the_residency_workload():
+def test_vtc_on_the_residency_workload(sim):
     # token counters instead: it1 r0: c0 = 100 + 2 = 102; it2..4 r2: c1 = 10 + 2*3 = 16
     # (t = 21, 33, 44, 55); it5: c1 16 < 102 -> r3: 55 -> 67 -> 78 -> 89; it8: r1 89 -> 110
     req, ten, run = sim(ROWS_RESIDENCY, n_tenants=2, max_batch=1, policy="vtc")
@@ -304,7 +312,7 @@ def test_vtc_on_the_residency_workload():
 # ---------------------------------------------------------------------------------------
 
 
-def test_slot_cap():
+def test_slot_cap(sim):
     # cap 1, max_batch 3. r0 t0 (out 2), r1 t0 (out 1), r2 t1 (out 1), all at 0, prompt 10.
     # it1 t=0 : r0 admitted (t0 runs 1); r1 skipped (t0 at cap, counting r0 admitted just now);
     #           r2 admitted. B=2, P=20: dt = 14 -> t=14; r2 finishes, r0 has 1 token.
@@ -318,7 +326,7 @@ def test_slot_cap():
     close(req["charged_ms"], [18.0, 12.0, 7.0])
 
 
-def test_priority():
+def test_priority(sim):
     # max_batch 1, prompt 10, output 1 (dt 12). priority: r0 1, r1 0, r2 1, r3 0 at t=0;
     # r4 priority 0 at a=5.
     # it1 t=0 : lowest priority, table order -> r1. t=12
@@ -330,14 +338,14 @@ def test_priority():
     close(req["finish_ms"], [48.0, 12.0, 60.0, 24.0, 36.0])
 
 
-def test_priority_falls_back_to_klass():
+def test_priority_falls_back_to_klass(sim):
     rows = [R(0, 0, 10, 1, klass=1), R(0, 0, 10, 1, klass=0), R(0, 0, 10, 1, klass=1),
             R(0, 0, 10, 1, klass=0), R(5, 0, 10, 1, klass=0)]
     req, ten, run = sim(rows, n_tenants=1, max_batch=1, policy="priority")
     close(req["finish_ms"], [48.0, 12.0, 60.0, 24.0, 36.0])
 
 
-def test_weighted_rotation():
+def test_weighted_rotation(sim):
     # w = [2, 1]: rotation 0,0,1. max_batch 1, dt 12 each. class 0: r0, r1, r2; class 1: r3, r4, r5.
     # it1 ptr 0: slot0 -> r0, ptr 1    it2: slot1 -> r1, ptr 2    it3: slot2 -> r3, ptr 0
     # it4: slot0 -> r2, ptr 1          it5: slot1 (class 0 empty) -> slot2 -> r4, ptr 0
@@ -347,7 +355,7 @@ def test_weighted_rotation():
     close(req["finish_ms"], [12.0, 24.0, 48.0, 36.0, 60.0, 72.0])
 
 
-def test_weighted_pointer_follows_the_chosen_slot():
+def test_weighted_pointer_follows_the_chosen_slot(sim):
     # w = [1, 1, 1]: rotation 0,1,2. r0 class 1, r1 class 1, r2 class 2, all at 0; max_batch 1.
     # it1 ptr 0: class 0 empty -> slot1 -> r0; ptr = chosen + 1 = 2
     # it2: slot2 -> r2, ptr 0;  it3: slot0 empty -> slot1 -> r1
@@ -356,7 +364,7 @@ def test_weighted_pointer_follows_the_chosen_slot():
     close(req["finish_ms"], [12.0, 36.0, 24.0])
 
 
-def test_weighted_pointer_stays_when_admission_stops():
+def test_weighted_pointer_stays_when_admission_stops(sim):
     # w = [1, 1]; max_batch 4, max_prefill_tokens 25. r0 class 0, r1 class 1, r2 class 0; all
     # prompt 20, output 1, at 0.
     # it1 t=0 : ptr 0 -> r0 (P=20), ptr 1; next: slot1 -> r1: 40 > 25, stop, ptr stays 1.
@@ -369,7 +377,7 @@ def test_weighted_pointer_stays_when_admission_stops():
     close(req["finish_ms"], [13.0, 26.0, 39.0])
 
 
-def test_sjf():
+def test_sjf(sim):
     # est 5, 3, 3, 1 (the realised output is 1 for all: sjf must read the estimate).
     # max_batch 1, dt 12: r3 -> 12, r1 -> 24, r2 -> 36 (tie with r1 by table order), r0 -> 48
     rows = [R(0, 0, 10, 1, est_output_tokens=e) for e in (5, 3, 3, 1)]
@@ -380,7 +388,7 @@ def test_sjf():
 ROWS_AGING = [R(0, 0, 10, 3, klass=0), R(0, 0, 10, 1, klass=1), R(20, 0, 10, 1, klass=0)]
 
 
-def test_aging():
+def test_aging(sim):
     # rate 100 (one class level per 10 ms waited). max_batch 1.
     # it1 t=0: r0 (class 0 beats r1 class 1: scores 0 vs 1); dt 12 -> 12; 11 -> 23; 11 -> 34 finish
     # (r2 arrives at 20, delivered at t=23.)
@@ -389,7 +397,7 @@ def test_aging():
     close(req["finish_ms"], [34.0, 46.0, 58.0])
 
 
-def test_aging_rate_zero_is_class_order():
+def test_aging_rate_zero_is_class_order(sim):
     # rate 0: at t=34 r2 (class 0) beats r1 (class 1): r2 -> 46, r1 -> 58
     req, ten, run = sim(ROWS_AGING, n_tenants=1, max_batch=1, policy="aging", rate=0.0)
     close(req["finish_ms"], [34.0, 58.0, 46.0])
@@ -400,7 +408,7 @@ def test_aging_rate_zero_is_class_order():
 # ---------------------------------------------------------------------------------------
 
 
-def test_kv_preemption_fcfs():
+def test_kv_preemption_fcfs(sim):
     # kv 29, max_batch 4. r0 t0 (p10, out 5), r1 t1 (p10, out 5) at 0;
     # r2 t1 (p20, out 10) at 0: 30 > 29 -> rejected by the engine; r3 t0 (p2, out 1) at 40.
     # it1 t=0 : need 11 + 11 = 22 <= 29: both admitted; P=20, B=2: dt 14 -> t=14; 7 each
@@ -431,7 +439,7 @@ def test_kv_preemption_fcfs():
     assert run["iterations"] == 6
 
 
-def test_kv_preempts_latest_entry_not_latest_table_position():
+def test_kv_preempts_latest_entry_not_latest_table_position(sim):
     # priority policy, kv 28, max_prefill_tokens 15, max_batch 4.
     # r0 tenant 0 (priority 1), r1 tenant 1 (priority 0), both p10, out 5, at 0.
     # it1 t=0 : r1 first (priority 0), P=10; r0 would make P=20 > 15: stop. dt 12 -> 12. r1 = 12
@@ -456,7 +464,7 @@ def test_kv_preempts_latest_entry_not_latest_table_position():
     assert run["iterations"] == 7
 
 
-def test_kv_recompute_prefill_too_large_drains():
+def test_kv_recompute_prefill_too_large_drains(sim):
     # as above with max_prefill_tokens 12: at it6 r0's recompute prefill is 13 > 12, so it can
     # never be admitted again; admission stops at it, nothing runs, no arrivals left: the run
     # ends at t=60 with r0 unfinished (3 tokens, charged 19, one preemption).
@@ -472,7 +480,7 @@ def test_kv_recompute_prefill_too_large_drains():
     assert run["iterations"] == 5
 
 
-def test_vtc_readmission_charges_the_recompute_prefill():
+def test_vtc_readmission_charges_the_recompute_prefill(sim):
     # vtc (wp 1, wq 2), kv 29, max_batch 4.
     # r0 t0 (p10, out 5) at 0; r1 t1 (p10, out 5) at 0; r2 t0 (p8, out 1) at 40;
     # r3 t0 (p10, out 1) at 60; r4 t1 (p10, out 1) at 60.
@@ -501,3 +509,40 @@ def test_vtc_readmission_charges_the_recompute_prefill():
     close(req["charged_ms"], [31.0, 32.4, 6.8, 7.0, 12.0])
     close(ten["machine_ms"], [44.8, 44.4])
     assert run["busy_ms"] == pytest.approx(89.2)
+
+
+# ---------------------------------------------------------------------------------------
+# The compiled result beyond the reference's shape: the policy's counters, the input columns
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy, counters", [
+    # test_vtc_counter_lift: c0 10 -> 12 (it1), 22 -> 24 (it2), 34 -> 36 (it4);
+    #                        c1 lifted to 12 (it2), 22 -> 24 (it3), 34 -> 36 (it5)
+    ("vtc", [36.0, 36.0]),
+    # test_lcf_no_lift: c0 12 (it1), 24 (it3), 36 (it5); c1 12 (it2), 24 (it4)
+    ("lcf", [36.0, 24.0]),
+])
+def test_compiled_counters_after_the_lift_cases(policy, counters):
+    res = compiled_result(pd.DataFrame(ROWS_LIFT), n_tenants=2, max_batch=1, policy=policy, **ENGINE)
+    close(list(res.counters), counters)
+
+
+def test_compiled_residency_counters_are_the_machine_time():
+    # test_residency with weights 1: each counter is the tenant's machine ms, [42, 68]
+    res = compiled_result(pd.DataFrame(ROWS_RESIDENCY), n_tenants=2, max_batch=1, policy="residency", **ENGINE)
+    close(list(res.counters), [42.0, 68.0])
+    close(list(res.tenants["machine_ms"]), [42.0, 68.0])
+
+
+def test_compiled_result_keeps_the_input_columns_and_order():
+    rows = [R(0, 0, 10, 1, klass=1), R(0, 0, 10, 1, klass=0), R(5, 1, 10, 2, klass=0)]
+    df = pd.DataFrame(rows)
+    res = compiled_result(df, n_tenants=3, max_batch=1, policy="aging", rate=0.0, **ENGINE)
+    pd.testing.assert_frame_equal(res.requests[list(df.columns)], df, check_dtype=False)
+    assert list(res.tenants.index) == [0, 1, 2]
+    # tenant 2 sent nothing: zero machine time, share 0 (the total is positive)
+    assert res.tenants.loc[2, "machine_ms"] == 0.0 and res.tenants.loc[2, "share"] == 0.0
+    # rate 0, max_batch 1: class order. t=0: r1 (class 0) -> 12. t=12: r2 (class 0, arrived at 5)
+    # beats r0 (class 1): 12 -> 24 -> 35 (two tokens). t=35: r0 -> 47.
+    close(list(res.requests["finish_ms"]), [47.0, 12.0, 35.0])

@@ -1,0 +1,262 @@
+"""Shared test harness for the engine model: the compiled simulator behind the reference's
+calling convention, element-wise comparison of two runs, and seeded random workloads.
+
+``compiled_simulate`` has exactly the signature and return shape of
+``reference_sim.reference_simulate`` (keyword engine parameters, ``(req, ten, run)`` dicts of
+lists), so every test written against one runs unchanged against the other.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from hypothesis import strategies as st
+
+import fairlib
+from reference_sim import reference_simulate
+
+POLICY_NAMES = ("fcfs", "rpm_quota", "vtc", "lcf", "residency", "slot_cap", "priority", "weighted", "sjf", "aging")
+
+REQ_FIELDS = ("rejected", "admitted_ms", "first_token_ms", "finish_ms", "generated", "charged_ms", "preemptions")
+TEN_FIELDS = ("machine_ms", "prefill_ms", "decode_ms", "decode_tokens", "requests_admitted", "requests_finished",
+              "requests_rejected", "share")
+RUN_FIELDS = ("busy_ms", "iterations", "decode_tokens")
+ENGINE_FIELDS = ("iter_base_ms", "iter_slope_ms", "prefill_ms_per_token", "max_batch", "max_prefill_tokens",
+                 "kv_capacity_tokens")
+
+
+def compiled_result(requests, *, n_tenants, iter_base_ms, iter_slope_ms, prefill_ms_per_token, max_batch,
+                    max_prefill_tokens=None, kv_capacity_tokens=None, policy="fcfs", horizon_ms=math.inf,
+                    **params) -> fairlib.SimResult:
+    """``fairlib.simulate`` called with the reference's keyword convention."""
+    engine = fairlib.Engine(iter_base_ms=iter_base_ms, iter_slope_ms=iter_slope_ms,
+                            prefill_ms_per_token=prefill_ms_per_token, max_batch=max_batch,
+                            max_prefill_tokens=max_prefill_tokens, kv_capacity_tokens=kv_capacity_tokens)
+    df = requests if isinstance(requests, pd.DataFrame) else pd.DataFrame(requests)
+    return fairlib.simulate(df, engine=engine, policy=policy, horizon_ms=horizon_ms, n_tenants=n_tenants, **params)
+
+
+def to_reference_shape(res: fairlib.SimResult):
+    """A SimResult as the reference's (req, ten, run) dicts of plain Python lists."""
+    req = {f: res.requests[f].to_numpy().tolist() for f in REQ_FIELDS}
+    ten = {f: res.tenants[f].to_numpy().tolist() for f in TEN_FIELDS}
+    run = {f: res.run[f] for f in RUN_FIELDS}
+    return req, ten, run
+
+
+def compiled_simulate(requests, **kw):
+    """Drop-in replacement for ``reference_simulate`` backed by ``fairlib.simulate``."""
+    return to_reference_shape(compiled_result(requests, **kw))
+
+
+SIMULATORS = {"reference": reference_simulate, "compiled": compiled_simulate}
+
+
+# --------------------------------------------------------------------------------------------
+# comparison
+# --------------------------------------------------------------------------------------------
+def _close(a, b, rtol):
+    a = np.asarray(a, dtype=float)
+    b = np.asarray(b, dtype=float)
+    if a.shape != b.shape:
+        return np.zeros(max(a.size, b.size), bool)
+    both_nan = np.isnan(a) & np.isnan(b)
+    with np.errstate(invalid="ignore"):
+        ok = (a == b) | (np.abs(a - b) <= rtol * np.maximum(np.abs(a), np.abs(b)))
+    return ok | both_nan
+
+
+def disagreements(x, y, rtol=1e-9):
+    """Field-by-field differences of two (req, ten, run) results: a list of readable lines."""
+    out = []
+    for part, fields, a, b in (("request", REQ_FIELDS, x[0], y[0]), ("tenant", TEN_FIELDS, x[1], y[1])):
+        for f in fields:
+            ok = _close(a[f], b[f], rtol)
+            if not ok.all():
+                idx = np.flatnonzero(~ok)
+                first = int(idx[0])
+                out.append(f"{part} {f}: {len(idx)} differ, first at {part} {first}: "
+                           f"{a[f][first] if first < len(a[f]) else '-'} vs {b[f][first] if first < len(b[f]) else '-'}")
+    for f in RUN_FIELDS:
+        if not _close([x[2][f]], [y[2][f]], rtol).all():
+            out.append(f"run {f}: {x[2][f]} vs {y[2][f]}")
+    return out
+
+
+def assert_agree(x, y, rtol=1e-9, context=""):
+    diff = disagreements(x, y, rtol)
+    assert not diff, (context + "\n" if context else "") + "\n".join(diff)
+
+
+# --------------------------------------------------------------------------------------------
+# seeded random workloads
+# --------------------------------------------------------------------------------------------
+def random_arrivals(rng, n, span_mode):
+    """Integer-ms arrivals (exact ties), with bursts and idle gaps; "long" spans minutes (so rpm
+    windows expire); "float" uses non-integer times."""
+    if span_mode == "float":
+        gaps = rng.exponential(rng.uniform(2, 40), n)
+        gaps[rng.random(n) < 0.2] = 0.0
+    else:
+        scale = 2500.0 if span_mode == "long" else 15.0
+        gaps = np.floor(rng.exponential(scale, n))
+        gaps[rng.random(n) < 0.3] = 0.0                              # exact ties
+        idle = rng.random(n) < 0.06
+        gaps[idle] += rng.integers(200, 3000, idle.sum())            # idle gaps
+    return np.cumsum(gaps)
+
+
+def random_engine(rng):
+    if rng.random() < 0.4:       # round values: many exact ties in times and counters
+        base, slope, pre = (float(rng.choice([0.0, 1.0, 5.0, 10.0])), float(rng.choice([0.0, 0.5, 1.0, 2.0])),
+                            float(rng.choice([0.0, 0.05, 0.1, 0.25])))
+        if base + slope == 0:
+            base = 10.0
+    else:
+        base, slope, pre = rng.uniform(0.5, 12.0), rng.uniform(0.0, 2.0), rng.uniform(0.0, 0.3)
+    return dict(iter_base_ms=base, iter_slope_ms=slope, prefill_ms_per_token=pre)
+
+
+def random_case(seed, policy, n_max=80):
+    """One random (requests, simulate keyword arguments) for ``policy``, seeded."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), POLICY_NAMES.index(policy), 17]))
+    n = int(rng.integers(0, n_max + 1)) if rng.random() < 0.9 else int(rng.integers(0, 6))
+    n_tenants = int(rng.integers(1, 6))
+    n_classes = int(rng.integers(1, 4))
+    span_mode = rng.choice(["int", "int", "long", "float"])
+    arrival = random_arrivals(rng, n, span_mode)
+    prompt = rng.integers(1, int(rng.choice([8, 40, 120])) + 1, n)
+    output = 1 + np.minimum(rng.geometric(1.0 / rng.uniform(1.5, 15.0), n) - 1, 60)
+    est = np.maximum(1, output + rng.integers(-3, 4, n)) if rng.random() < 0.5 else rng.integers(1, 30, n)
+    df = pd.DataFrame({
+        "arrival_ms": arrival.astype(float),
+        "tenant": rng.integers(0, n_tenants, n),
+        "prompt_tokens": prompt, "output_tokens": output, "est_output_tokens": est,
+        "klass": rng.integers(0, n_classes, n), "priority": rng.integers(-2, 4, n),
+    })
+    kw = dict(n_tenants=n_tenants, policy=policy, **random_engine(rng))
+    kw["max_batch"] = int(rng.integers(1, 7)) if rng.random() < 0.85 else int(rng.choice([12, 24]))
+    # every third seed a small KV cache (preemptions, some rejections), every fourth a prefill
+    # budget (prompts too long for it are rejected), every fifth a horizon that cuts the run;
+    # the other seeds draw each of these at random
+    if n and (seed % 4 == 1 or rng.random() < 0.25):
+        kw["max_prefill_tokens"] = int(rng.integers(max(1, int(prompt.max()) // 2), 2 * int(prompt.max()) + 1))
+    if n and (seed % 3 == 0 or rng.random() < 0.3):
+        need = prompt + output
+        kw["kv_capacity_tokens"] = int(rng.integers(max(2, int(np.median(need))), int(need.max()) * 2 + 2))
+        if rng.random() < 0.5:  # a busier batch contends for the small cache
+            kw["max_batch"] = int(rng.integers(3, 7))
+    if seed % 5 == 2 or rng.random() < 0.25:
+        end = float(arrival[-1]) if n else 1.0
+        kw["horizon_ms"] = float(rng.uniform(0.05, 1.2) * (end + 50.0)) + 1e-3
+    kw.update(random_params(rng, policy, n_tenants, n_classes))
+    if policy == "priority" and rng.random() < 0.3:
+        df = df.drop(columns="priority")   # falls back to klass
+    return df, kw
+
+
+def random_params(rng, policy, n_tenants, n_classes):
+    def weights():
+        return [float(x) for x in rng.choice([0.5, 1.0, 2.0, 3.0], n_tenants)] if rng.random() < 0.5 \
+            else [float(x) for x in rng.uniform(0.2, 5.0, n_tenants)]
+
+    if policy == "rpm_quota":
+        return {"limit": int(rng.integers(1, 21))}
+    if policy in ("vtc", "lcf"):
+        p = {}
+        if rng.random() < 0.7:
+            p["wp"] = float(rng.choice([0.0, 0.5, 1.0, 2.0])) if rng.random() < 0.5 else float(rng.uniform(0, 3))
+            p["wq"] = float(rng.choice([0.0, 1.0, 2.0, 4.0])) if rng.random() < 0.5 else float(rng.uniform(0, 3))
+        if rng.random() < 0.6:
+            p["weights"] = weights()
+        return p
+    if policy == "residency":
+        return {"weights": weights()} if rng.random() < 0.6 else {}
+    if policy == "slot_cap":
+        return {"cap": int(rng.integers(1, 5))}
+    if policy == "weighted":
+        w = [int(x) for x in rng.integers(0, 6, n_classes + int(rng.integers(0, 2)))]
+        if sum(w) == 0:
+            w[0] = 1
+        return {"w": w}
+    if policy == "aging":
+        return {"rate": float(rng.choice([0.0, 0.01, 5.0]))}
+    return {}
+
+
+# --------------------------------------------------------------------------------------------
+# hypothesis: the same kind of workload, drawn (and shrunk) by hypothesis
+# --------------------------------------------------------------------------------------------
+@st.composite
+def workloads(draw, policy, max_requests=40):
+    """(requests DataFrame, simulate keyword arguments) for ``policy``: integer-ms arrivals with
+    exact ties and idle gaps (optionally scaled to non-integer times), several tenants and
+    classes, priorities and output estimates, a small max_batch, and optionally a prefill budget,
+    a small KV cache and a horizon that cuts the run."""
+    n_tenants = draw(st.integers(1, 4), label="n_tenants")
+    n_classes = draw(st.integers(1, 3), label="n_classes")
+    gap = st.one_of(st.just(0), st.integers(0, 25), st.integers(200, 5000))
+    row = st.tuples(gap, st.integers(0, n_tenants - 1), st.integers(1, 50), st.integers(1, 20),
+                    st.integers(1, 25), st.integers(0, n_classes - 1), st.integers(-2, 3))
+    n = draw(st.integers(0, max_requests), label="n_requests")
+    rows = draw(st.lists(row, min_size=n, max_size=n), label="rows")
+    scale = draw(st.sampled_from([1.0, 1.0, 0.37, 13.0]), label="time scale")
+    n = len(rows)
+    arrival = np.cumsum([r[0] for r in rows]).astype(float) * scale
+    df = pd.DataFrame({
+        "arrival_ms": arrival,
+        "tenant": np.array([r[1] for r in rows], np.int64),
+        "prompt_tokens": np.array([r[2] for r in rows], np.int64),
+        "output_tokens": np.array([r[3] for r in rows], np.int64),
+        "est_output_tokens": np.array([r[4] for r in rows], np.int64),
+        "klass": np.array([r[5] for r in rows], np.int64),
+        "priority": np.array([r[6] for r in rows], np.int64),
+    })
+    cost = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 2.0, 10.0]), st.floats(0.05, 12.0))
+    base, slope = draw(cost, label="iter_base_ms"), draw(cost, label="iter_slope_ms")
+    if base + slope <= 0:
+        base = 10.0
+    pre = draw(st.one_of(st.sampled_from([0.0, 0.1, 0.25]), st.floats(0.001, 0.5)),
+               label="prefill_ms_per_token")
+    kw = dict(n_tenants=n_tenants, policy=policy, iter_base_ms=base, iter_slope_ms=slope,
+              prefill_ms_per_token=pre, max_batch=draw(st.integers(1, 6), label="max_batch"))
+    if n:
+        max_prompt = int(df["prompt_tokens"].max())
+        mpt = draw(st.none() | st.integers(1, 2 * max_prompt), label="max_prefill_tokens")
+        if mpt is not None:
+            kw["max_prefill_tokens"] = mpt
+        max_need = int((df["prompt_tokens"] + df["output_tokens"]).max())
+        # about two thirds of the cases get a KV cache barely larger than the largest request
+        # (or smaller: those requests are rejected), so that running sequences outgrow it
+        kv = draw(st.none() | st.integers(max(2, max_need // 2), max_need + 10) | st.integers(max_need, max_need + 30),
+                  label="kv_capacity_tokens")
+        if kv is not None:
+            kw["kv_capacity_tokens"] = kv
+    horizon = draw(st.none() | st.floats(0.01, 1.5), label="horizon (fraction of the last arrival + 100 ms)")
+    if horizon is not None:
+        kw["horizon_ms"] = horizon * (float(arrival[-1]) if n else 0.0) + horizon * 100.0
+    kw.update(draw(policy_params(policy, n_tenants, n_classes), label="policy params"))
+    if policy == "priority" and draw(st.booleans(), label="drop priority column"):
+        df = df.drop(columns="priority")
+    return df, kw
+
+
+def policy_params(policy, n_tenants, n_classes):
+    weight = st.one_of(st.sampled_from([0.5, 1.0, 2.0, 3.0]), st.floats(0.1, 8.0))
+    weights = st.lists(weight, min_size=n_tenants, max_size=n_tenants)
+    if policy == "rpm_quota":
+        return st.fixed_dictionaries({"limit": st.integers(1, 20)})
+    if policy in ("vtc", "lcf"):
+        rate = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 2.0]), st.floats(0.0, 4.0))
+        return st.fixed_dictionaries({}, optional={"wp": rate, "wq": rate, "weights": weights})
+    if policy == "residency":
+        return st.fixed_dictionaries({}, optional={"weights": weights})
+    if policy == "slot_cap":
+        return st.fixed_dictionaries({"cap": st.integers(1, 4)})
+    if policy == "weighted":
+        w = st.lists(st.integers(0, 5), min_size=n_classes, max_size=n_classes + 1).filter(lambda v: sum(v) > 0)
+        return st.fixed_dictionaries({"w": w})
+    if policy == "aging":
+        return st.fixed_dictionaries({"rate": st.sampled_from([0.0, 0.01, 5.0])})
+    return st.just({})
