@@ -105,7 +105,8 @@ class RequestArrays:
         n = self.n
         line, key, n_lines = policy.lines(self.rows, self.tenant, self.klass, self.priority, self.est,
                                           self.n_tenants)
-        S = allocate(max(n, capacity or 0), self.n_tenants, n_lines, engine.max_batch)
+        sizes = None if capacity else np.bincount(line, minlength=n_lines)
+        S = allocate(max(n, capacity or 0), self.n_tenants, n_lines, engine.max_batch, sizes)
         S.RF[ARRIVAL, :n] = self.arrival
         S.RF[KEY, :n] = key
         S.RI[TENANT, :n] = self.tenant

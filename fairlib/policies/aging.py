@@ -17,9 +17,9 @@ def select(pf, pi, RF, RI, TI, BT, heap, heap_n, t):
     best_score = np.inf
     for j in range(heap_n.shape[0]):
         if heap_n[j] > 0:
-            r = heap[j, 0]
+            r = heap[heap[j]]
             score = RI[KLASS, r] - rate * (t - RF[ARRIVAL, r]) / 1000.0
-            if best < 0 or score < best_score or (score == best_score and r < heap[best, 0]):
+            if best < 0 or score < best_score or (score == best_score and r < heap[heap[best]]):
                 best, best_score = j, score
     return best
 

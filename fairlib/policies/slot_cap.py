@@ -15,7 +15,7 @@ def select(pf, pi, RF, RI, TI, BT, heap, heap_n, t):
     best = -1
     for j in range(heap_n.shape[0]):
         if heap_n[j] > 0 and TI[T_RUNNING, j] < cap:
-            if best < 0 or heap[j, 0] < heap[best, 0]:
+            if best < 0 or heap[heap[j]] < heap[heap[best]]:
                 best = j
     return best
 

@@ -31,14 +31,13 @@ With ``init = 0`` the policy charges exactly like ``vtc`` until a tenant's first
 
 State: pf = [wp, wq, c_0..c_{n-1}, w_0..w_{n-1}, pred_0..pred_{n-1}, window, init];
 pi = [lift = 1, residency mode = 0, finished_0..finished_{n-1} (0/1: has a finish)].
-The per-request prediction p_r lives in one extra waiting line that never holds a request
-(line n: ``heap[n, r]`` holds the float64 bits of p_r), so it grows with the state
-(fairlib/sim/state.py ``grow``) like every per-request field.
+The per-request prediction p_r is kept in the engine state's per-request policy number
+``RF[AUX, r]`` (fairlib/sim/state.py).
 """
 import numpy as np
 
 from ..sim import jit
-from ..sim.state import GENERATED, LAST_IDS, OUTPUT, PREEMPT, TENANT
+from ..sim.state import AUX, GENERATED, LAST_IDS, OUTPUT, PREEMPT, TENANT
 from .base import check_int, check_number
 from .vtc import VTC, accept, select  # noqa: F401  (vtc's lift and selection)
 
@@ -52,16 +51,16 @@ def on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E):
     w = pf[2 + n_t + tn]
     if RI[PREEMPT, r] == 0:
         p = pf[2 + 2 * n_t + tn]
-        heap[n_t].view(np.float64)[r] = p
+        RF[AUX, r] = p
         pf[2 + tn] += pf[0] * prefill_tokens / w + pf[1] * p / w
     else:
         pf[2 + tn] += pf[0] * prefill_tokens / w
 
 
 @jit.inline
-def _finish(pf, pi, RI, heap, n_t, r):
+def _finish(pf, pi, RF, RI, n_t, r):
     tn = RI[TENANT, r]
-    p = heap[n_t].view(np.float64)[r]
+    p = RF[AUX, r]
     actual = RI[OUTPUT, r]
     if actual < p:
         pf[2 + tn] -= pf[1] * (p - actual) / pf[2 + n_t + tn]
@@ -77,10 +76,9 @@ def _finish(pf, pi, RI, heap, n_t, r):
 @jit.inline
 def on_iteration(pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E):
     n_t = TI.shape[1]
-    pred = heap[n_t].view(np.float64)
     for i in range(B):
         r = BT[LAST_IDS, i]
-        if RI[GENERATED, r] > pred[r]:
+        if RI[GENERATED, r] > RF[AUX, r]:
             tn = RI[TENANT, r]
             pf[2 + tn] += pf[1] / pf[2 + n_t + tn]
     # then this iteration's finishes, in table order (the batch order is not part of the contract)
@@ -93,7 +91,7 @@ def on_iteration(pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E):
                 nxt = r
         if nxt < 0:
             break
-        _finish(pf, pi, RI, heap, n_t, nxt)
+        _finish(pf, pi, RF, RI, n_t, nxt)
         last = nxt
 
 
@@ -106,13 +104,6 @@ class VTCPredict(VTC):
         out["window"] = check_int(self.name, "window", v["window"])
         out["init"] = check_number(self.name, "init", v["init"])
         return out
-
-    def lines(self, rows, tenant, klass, priority, est, n_tenants):
-        # one line per tenant, plus line n_tenants: never holds a request, stores p_r
-        return np.asarray(tenant, np.int64), np.asarray(rows, np.float64), n_tenants + 1
-
-    def online_lines(self, n_tenants, n_classes, priority_levels):
-        return n_tenants + 1
 
     def state(self, n_tenants, n_requests=None):
         pf, _ = super().state(n_tenants, n_requests)

@@ -76,7 +76,7 @@ def _admit(RF, RI, TI, BT, heap, heap_n, si, E, pid, pf, pi, t, need):
         line = dispatch.select(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, t)
         if line < 0:
             break
-        r = heap[line, 0]
+        r = lines.head(heap, line)
         tokens = RI[PROMPT, r] + RI[GENERATED, r]
         if P + tokens > E[4] or need + tokens + 1 > E[5]:
             break

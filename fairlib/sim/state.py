@@ -14,8 +14,8 @@ import numpy as np
 # request status codes
 UNDELIVERED, WAITING, RUNNING, FINISHED, REJECTED, HELD = 0, 1, 2, 3, 4, 5
 
-# RF rows (float64 per request)
-ARRIVAL, KEY, ADMITTED, FIRST, FINISH, CHARGED = range(6)
+# RF rows (float64 per request); AUX is the policy's own per-request number
+ARRIVAL, KEY, ADMITTED, FIRST, FINISH, CHARGED, AUX = range(7)
 # RI rows (int64 per request)
 TENANT, PROMPT, OUTPUT, EST, KLASS, LINE, STATUS, GENERATED, PREEMPT, ENTERED, PRE_TOK = range(11)
 # TF rows (float64 per tenant)
@@ -31,37 +31,46 @@ N_REQ, NEXT_ARRIVAL, N_RUNNING, ITERATIONS, DECODE_TOKENS, N_HELD, LAST_B = rang
 
 
 class State(NamedTuple):
-    RF: np.ndarray       # f8[6, capacity]: arrival, key (order in its line), admitted, first token, finish, charged
+    RF: np.ndarray       # f8[7, capacity]: arrival, key (order in its line), admitted, first token, finish, charged,
+    #                      aux (a number the policy keeps per request)
     RI: np.ndarray       # i8[11, capacity]: tenant, prompt, output, est, klass, line, status, generated,
     #                      preemptions, entered (iteration of the latest entry), prefill tokens this iteration
     TF: np.ndarray       # f8[3, n_tenants]: machine, prefill, decode ms
     TI: np.ndarray       # i8[5, n_tenants]: tokens, admitted, finished, rejected, running
     BT: np.ndarray       # i8[3, max_batch]: running ids, ids that ran in the latest iteration, preempted now
-    heap: np.ndarray     # i8[n_lines, capacity]: one binary heap of waiting requests per line
-    heap_n: np.ndarray   # i8[n_lines]
+    heap: np.ndarray     # i8[n_lines + sum of line capacities]: heap[l] is the offset of line l's segment,
+    #                      which holds a binary heap of its waiting requests (fairlib/sim/lines.py)
+    heap_n: np.ndarray   # i8[n_lines]: requests waiting in each line
     sf: np.ndarray       # f8[2]: now, busy
     si: np.ndarray       # i8[7]: see the indices above
 
 
-def allocate(capacity: int, n_tenants: int, n_lines: int, max_batch: int) -> State:
-    """Empty state for up to `capacity` requests."""
+def allocate(capacity: int, n_tenants: int, n_lines: int, max_batch: int, line_sizes=None) -> State:
+    """Empty state for up to `capacity` requests; line l has room for line_sizes[l] requests
+    (default `capacity` each: requests arriving one by one may go to any line)."""
     cap = max(int(capacity), 1)
-    RF = np.zeros((6, cap))
+    sizes = np.full(n_lines, cap, np.int64) if line_sizes is None else np.asarray(line_sizes, np.int64)
+    RF = np.zeros((7, cap))
     RF[[ADMITTED, FIRST, FINISH]] = np.nan
+    heap = np.zeros(n_lines + int(sizes.sum()), np.int64)
+    heap[:n_lines] = n_lines + np.concatenate([[0], np.cumsum(sizes)[:-1]]) if n_lines else []
     return State(RF, np.zeros((11, cap), np.int64), np.zeros((3, n_tenants)), np.zeros((5, n_tenants), np.int64),
-                 np.zeros((3, max_batch), np.int64), np.zeros((n_lines, cap), np.int64),
-                 np.zeros(n_lines, np.int64), np.zeros(2), np.zeros(7, np.int64))
+                 np.zeros((3, max_batch), np.int64), heap, np.zeros(n_lines, np.int64), np.zeros(2),
+                 np.zeros(7, np.int64))
 
 
 def grow(state: State, capacity: int) -> State:
-    """A copy of `state` with room for `capacity` requests (online use); contents kept."""
+    """A copy of `state` with room for `capacity` requests in every line (online use); contents kept."""
     old = state.RF.shape[1]
     if capacity <= old:
         return state
-    new = allocate(capacity, state.TF.shape[1], state.heap.shape[0], state.BT.shape[1])
+    n_lines = state.heap_n.shape[0]
+    new = allocate(capacity, state.TF.shape[1], n_lines, state.BT.shape[1])
     new.RF[:, :old] = state.RF
     new.RI[:, :old] = state.RI
-    new.heap[:, :old] = state.heap
+    for line in range(n_lines):
+        k = state.heap_n[line]
+        new.heap[new.heap[line]:new.heap[line] + k] = state.heap[state.heap[line]:state.heap[line] + k]
     for name in ("TF", "TI", "BT", "heap_n", "sf", "si"):
         getattr(new, name)[...] = getattr(state, name)
     return new
