@@ -1,7 +1,11 @@
 """Runs the chapters repeat: one scenario, several policies, several seeds, one tidy table."""
 from __future__ import annotations
 
-from typing import Callable, Mapping
+import functools
+import math
+import os
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -9,7 +13,8 @@ import pandas as pd
 from .metrics import jain_index, max_min_ratio
 from .simulate import simulate
 
-__all__ = ["policy_runs", "share_summary"]
+__all__ = ["policy_runs", "share_summary", "component_split", "grid_slice", "first_crossing", "azure_scenario",
+           "counter_shares"]
 
 
 def policy_runs(scenario_for_seed: Callable, policies: Mapping[str, tuple], seeds, horizon_ms=None) -> pd.DataFrame:
@@ -64,3 +69,154 @@ def component_split(runs: pd.DataFrame, column: str) -> pd.DataFrame:
     g = out.groupby(["policy", "seed"])["part"]
     out["part_max_min"] = g.transform("max") / g.transform("min")
     return out
+
+
+# --- the reference grid, read or recomputed (chapters 2 and 3) ------------------------------
+@functools.lru_cache(maxsize=4)
+def _saved_grid(path: str, mtime_ns: int):
+    from .sweep import load_grid
+    return load_grid(path, with_meta=True)
+
+
+def _snap(values, reference, what: str, strict: bool) -> list:
+    """Each value replaced by the reference value it equals within 1e-9 (relative); a value with
+    no such match raises when ``strict`` (the saved grid holds only its own points), else stays."""
+    out = []
+    for v in values:
+        hit = [r for r in reference if math.isclose(float(v), float(r), rel_tol=1e-9, abs_tol=1e-12)]
+        if hit:
+            out.append(hit[0])
+        elif strict:
+            raise ValueError(f"grid_slice: {what} {v!r} is not a point of the saved grid "
+                             f"(its {what}s: {[round(float(r), 4) for r in reference]}); "
+                             f"pass use_saved=False to compute it")
+        else:
+            out.append(float(v))
+    return out
+
+
+def grid_slice(floods: Optional[Sequence[float]] = None, spreads: Optional[Sequence[float]] = None,
+               seeds: Optional[Sequence[int]] = None, policies: Optional[Sequence[str]] = None, *,
+               use_saved: bool = True, duration_s: float = 120.0, path: Union[str, Path, None] = None,
+               executor="serial") -> pd.DataFrame:
+    """Rows of the reference grid (:func:`fairlib.sweep.reference_grid`) for some floods, spreads,
+    seeds and policy labels (None: all of the grid's), in grid order (floods, spreads, seeds, then
+    policies in the order of :func:`fairlib.sweep.reference_policies`), with a fresh index.
+
+    use_saved: read them from the saved grid (``path``, default ``data/grid_seed000.csv.gz``);
+        every value asked for must be one of its points and ``duration_s`` its duration.
+        False: run them now with :func:`fairlib.sweep.sweep` (``executor``, default serial) at
+        ``duration_s``; values equal to a grid point (within 1e-9) are taken as that point, so a
+        recomputed slice of the grid compares with the saved one bit for bit.
+    """
+    from . import sweep as sw
+    labels = [p.label for p in sw.reference_policies()]
+    policies = labels if policies is None else list(policies)
+    unknown = [p for p in policies if p not in labels]
+    if unknown:
+        raise ValueError(f"grid_slice: policies {unknown} are not in the reference grid ({labels})")
+    order = [p for p in labels if p in policies]
+    floods = list(sw.REFERENCE_FLOODS if floods is None else floods)
+    spreads = list(sw.REFERENCE_SPREADS if spreads is None else spreads)
+    seeds = [int(s) for s in (sw.REFERENCE_SEEDS if seeds is None else seeds)]
+    if not floods or not spreads or not seeds or not order:
+        raise ValueError("grid_slice: floods, spreads, seeds and policies must not be empty")
+    if use_saved:
+        p = Path(sw.GRID_FILE if path is None else path)
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no saved grid; pass use_saved=False to compute the slice")
+        table, meta = _saved_grid(str(p), os.stat(p).st_mtime_ns)
+        saved_duration = meta.get("parameters", {}).get("duration_s")
+        if saved_duration is not None and not math.isclose(float(saved_duration), float(duration_s)):
+            raise ValueError(f"grid_slice: the saved grid ran {saved_duration:g} s, not {duration_s:g} s; "
+                             f"pass use_saved=False to compute the slice at {duration_s:g} s")
+        f_all = sorted(table["flood"].unique())
+        s_all = sorted(table["spread"].unique())
+        floods = _snap(floods, f_all, "flood", strict=True)
+        spreads = _snap(spreads, s_all, "spread", strict=True)
+        missing = sorted(set(seeds) - set(table["seed"].unique()))
+        if missing:
+            raise ValueError(f"grid_slice: seeds {missing} are not in the saved grid; pass use_saved=False")
+        keep = (table["flood"].isin(floods) & table["spread"].isin(spreads) & table["seed"].isin(seeds)
+                & table["policy"].isin(order))
+        return table[keep].reset_index(drop=True)
+    floods = _snap(floods, sw.REFERENCE_FLOODS, "flood", strict=False)
+    spreads = _snap(spreads, sw.REFERENCE_SPREADS, "spread", strict=False)
+    specs = [p for p in sw.reference_policies() if p.label in order]
+    build = functools.partial(sw.grid_scenario, duration_s=float(duration_s))
+    out = sw.sweep(build, {"flood": sorted(floods), "spread": sorted(spreads)}, specs, sorted(seeds),
+                   executor=executor, progress=False)
+    return out.reset_index(drop=True)
+
+
+def first_crossing(x, y, z) -> float:
+    """The first ``x`` at which ``y`` reaches ``z`` (``y - z`` turns from < 0 to >= 0), linearly
+    interpolated between neighbouring points; ``x[0]`` if ``y >= z`` there already, NaN if ``y``
+    never reaches ``z``. ``x`` increasing."""
+    x, y, z = (np.asarray(a, dtype=np.float64) for a in (x, y, z))
+    if not (x.ndim == 1 and x.shape == y.shape == z.shape and x.size >= 1):
+        raise ValueError("first_crossing: x, y and z must be 1-D and of one length >= 1")
+    if np.any(np.diff(x) <= 0) or not (np.all(np.isfinite(x)) and np.all(np.isfinite(y)) and np.all(np.isfinite(z))):
+        raise ValueError("first_crossing: x must increase and all values be finite")
+    d = y - z
+    if d[0] >= 0:
+        return float(x[0])
+    up = np.nonzero(d >= 0)[0]
+    if up.size == 0:
+        return math.nan
+    i = int(up[0])
+    return float(x[i - 1] + (x[i] - x[i - 1]) * (-d[i - 1]) / (d[i] - d[i - 1]))
+
+
+def azure_scenario(machine_ms_per_s: float = 750.0, duration_s: float = 120.0,
+                   trace_dir: Union[str, Path, None] = None, prompt_tokens: Optional[int] = None,
+                   engine=None, seed: int = 0):
+    """The Azure LLM inference trace 2023 as two tenants, ``code`` (code completion) and ``conv``
+    (conversation), on one replica (default the seed-000 engine), each offering
+    ``machine_ms_per_s`` of machine per second (its rate follows from the cost of its mean
+    request at ``max_batch``), Poisson arrivals.
+
+    Lengths: from the committed quantile table (``trace_dir`` None: no raw file needed), or every
+    request of the raw CSVs in ``trace_dir`` (:func:`fairlib.traces.load_azure_trace`). Prompt and
+    output are drawn independently. ``prompt_tokens``: give every request this prompt instead
+    (the trace's outputs alone)."""
+    from .engine import SEED000_ENGINE
+    from .traces import KINDS, SERVICES, load_azure_trace, trace_lengths
+    from .workload import Constant, Empirical, Scenario, Tenant
+    engine = SEED000_ENGINE if engine is None else engine
+    tenants = []
+    for kind in KINDS:
+        if trace_dir is None:
+            prompt, output = trace_lengths(kind, "quantiles")
+        else:
+            df = load_azure_trace(kind, path=trace_dir, download=False)
+            prompt, output = Empirical(df["prompt_tokens"].to_numpy()), Empirical(df["output_tokens"].to_numpy())
+        if prompt_tokens is not None:
+            prompt = Constant(prompt_tokens)
+        tenants.append(Tenant(kind, output=output, prompt=prompt, machine_ms_per_s=machine_ms_per_s))
+    source = "the committed quantile table" if trace_dir is None else f"the raw trace in {trace_dir}"
+    desc = (f"Azure LLM inference trace 2023 ({', '.join(SERVICES[k] for k in KINDS)}) from {source}; "
+            f"{machine_ms_per_s:g} ms/s each" + ("" if prompt_tokens is None else f"; prompts {prompt_tokens}"))
+    return Scenario(tenants, engine=engine, duration_s=duration_s, name="azure2023", description=desc, seed=seed)
+
+
+def counter_shares(engine, prompt_tokens, output_tokens, wp: float = 1.0, wq: float = 2.0, batch=None) -> np.ndarray:
+    """The machine shares a token counter (VTC) hands out to backlogged tenants, predicted: the
+    counter keeps every tenant's priced tokens level, ``count_i * price_i`` equal with
+    ``price_i = wp * prompt_i + wq * output_i``, while the machine bills ``count_i * cost_i``
+    (``cost_i = engine.request_cost_ms(prompt_i, output_i, batch)``), so ``share_i`` is
+    proportional to ``cost_i / price_i``. Equal shares exactly when ``wq / wp`` is the machine's
+    exchange rate at ``batch`` (default ``engine.max_batch``)."""
+    prompt = np.asarray(prompt_tokens, dtype=np.float64)
+    output = np.asarray(output_tokens, dtype=np.float64)
+    prompt, output = np.broadcast_arrays(prompt, output)
+    if prompt.ndim != 1 or prompt.size == 0 or np.any(prompt < 0) or np.any(output < 0) \
+            or not (np.all(np.isfinite(prompt)) and np.all(np.isfinite(output))):
+        raise ValueError("counter_shares: prompt and output tokens must be finite, >= 0, one value per tenant")
+    if not (wp >= 0 and wq >= 0 and wp + wq > 0):
+        raise ValueError(f"counter_shares: weights must be >= 0 and not both 0, got wp={wp!r}, wq={wq!r}")
+    price = wp * prompt + wq * output
+    if np.any(price <= 0):
+        raise ValueError("counter_shares: every tenant's request must have a positive price")
+    ratio = np.asarray(engine.request_cost_ms(prompt, output, batch), dtype=np.float64) / price
+    return ratio / ratio.sum()
