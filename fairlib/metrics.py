@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["shares", "max_min_ratio", "jain_index", "latency_table", "bootstrap_ci", "CI",
-           "LATENCY_METRICS"]
+           "LATENCY_METRICS", "percentile_cis", "water_fill", "demand_normalised_jain"]
 
 #: Latency metrics in :func:`latency_table`, in column order.
 LATENCY_METRICS = ("queue", "ttft", "tpot", "e2e")
@@ -175,3 +175,91 @@ def bootstrap_ci(values, stat: Union[Callable[[np.ndarray], float], None] = None
     alpha = (1.0 - level) / 2.0
     lo, hi = np.quantile(boot, [alpha, 1.0 - alpha])
     return CI(float(fn(v)), float(lo), float(hi))
+
+
+# --- added for fairlib.analyze (issue 4) --------------------------------------------------------
+def percentile_cis(values, qs: Sequence[float] = (50, 90, 99), n_boot: int = 1000, seed: int = 0,
+                   level: float = 0.95) -> pd.DataFrame:
+    """Several percentiles of ``values`` with percentile-bootstrap intervals from ONE set of
+    resamples (the same procedure as :func:`bootstrap_ci`, vectorised over ``qs``).
+
+    Returns a frame indexed by ``q`` with columns ``estimate, low, high`` (NaNs dropped from the
+    input; NaN rows for an empty input). Deterministic for a given ``seed``."""
+    v = np.asarray(values, dtype=np.float64).ravel()
+    v = v[~np.isnan(v)]
+    qs = [float(q) for q in qs]
+    if not qs or any(not (0 <= q <= 100) for q in qs):
+        raise ValueError(f"percentile_cis: qs must be a non-empty sequence in [0, 100], got {qs!r}")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
+        raise ValueError(f"percentile_cis: n_boot must be an integer >= 1, got {n_boot!r}")
+    if not (isinstance(level, (int, float)) and 0 < level < 1):
+        raise ValueError(f"percentile_cis: level must be in (0, 1), got {level!r}")
+    index = pd.Index(qs, name="q")
+    if v.size == 0:
+        return pd.DataFrame({"estimate": np.nan, "low": np.nan, "high": np.nan}, index=index)
+    rng = np.random.default_rng(seed)
+    rows = max(1, min(n_boot, 4_000_000 // v.size))
+    boot = []
+    for start in range(0, n_boot, rows):
+        idx = rng.integers(0, v.size, size=(min(rows, n_boot - start), v.size))
+        boot.append(np.percentile(v[idx], qs, axis=-1).T)     # (block, len(qs))
+    boot = np.concatenate(boot)
+    alpha = (1.0 - level) / 2.0
+    lo, hi = np.quantile(boot, [alpha, 1.0 - alpha], axis=0)
+    return pd.DataFrame({"estimate": np.percentile(v, qs), "low": lo, "high": hi}, index=index)
+
+
+def water_fill(demand, capacity: float, weights=None) -> np.ndarray:
+    """The (weighted) max-min fair allocation of ``capacity`` among tenants asking for ``demand``:
+    every tenant gets ``min(demand_i, level * weight_i)`` with the one ``level`` at which the
+    allocations add up to ``capacity`` (or everyone gets its demand when ``capacity >= sum``).
+
+    A tenant that asks for less than its fair share keeps what it asked for; the rest is split
+    among the others in proportion to their weights. Example: demands (1, 4, 4), capacity 6 ->
+    (1, 2.5, 2.5)."""
+    d = _vector(demand, "demand")
+    w = np.ones_like(d) if weights is None else _vector(weights, "weights")
+    if w.shape != d.shape or np.any(w <= 0):
+        raise ValueError(f"water_fill: weights must be > 0 and match demand (length {d.size}), got {w}")
+    c = float(capacity)
+    if not math.isfinite(c) or c < 0:
+        raise ValueError(f"water_fill: capacity must be a finite number >= 0, got {capacity!r}")
+    if c >= d.sum():
+        return d.copy()
+    out = np.zeros_like(d)
+    active = d > 0
+    left = c
+    while active.any():
+        level = left / w[active].sum()
+        capped = active & (d <= level * w)
+        if not capped.any():
+            out[active] = level * w[active]
+            break
+        out[capped] = d[capped]
+        left -= d[capped].sum()
+        active &= ~capped
+    return out
+
+
+def demand_normalised_jain(service, demand, weights=None) -> float:
+    """Jain's index of ``service_i / fair_i``, where ``fair`` is the max-min fair allocation
+    (:func:`water_fill`) of the total service delivered among the tenants' ``demand``s.
+
+    1 when every tenant got its fair share of what was served: a light tenant that got all it
+    asked for and heavy tenants that split the rest evenly score 1, where a Jain index over raw
+    service would call that split unfair. Tenants with zero demand are left out; NaN if none is
+    left."""
+    s = _vector(service, "service")
+    d = _vector(demand, "demand")
+    if s.shape != d.shape:
+        raise ValueError(f"demand_normalised_jain: service and demand differ in length ({s.size} vs {d.size})")
+    w = None if weights is None else _vector(weights, "weights")
+    keep = d > 0
+    if not keep.any():
+        return math.nan
+    fair = water_fill(d[keep], s[keep].sum(), None if w is None else w[keep])
+    if np.all(fair == 0):
+        return math.nan
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(fair > 0, s[keep] / fair, 0.0)
+    return jain_index(y)
