@@ -1,0 +1,262 @@
+"""The ``fairlib`` command line.
+
+    fairlib serve    --port 8000 --iter-base-ms 8 --iter-slope-ms 1.5 --policy vtc --policy-param wq=2
+    fairlib run      --scenario noisy_neighbor --endpoint http://127.0.0.1:8000/v1 --seed 0 --out runs/nn/s0
+    fairlib simulate --scenario noisy_neighbor --seed 0 --out runs/nn-sim/s0
+    fairlib probe    --endpoint http://127.0.0.1:8000/v1 --out probe.json
+    fairlib analyze  RUN_DIR ... (fairlib.analyze)
+
+``serve`` is a test double (the engine model in real time, fairlib.serve), never an engine.
+``run`` sends a scenario's schedule open-loop to an endpoint and writes a run directory
+(fairlib.client.run); ``simulate`` writes the same run-directory shape from the simulator
+(fairlib.records), so ``analyze`` reads both the same way. Load: a scenario file states ``rho``
+(offered load relative to capacity); ``--rho`` replaces it, ``--rate-scale`` multiplies it, and
+``--capacity-file`` (a ``fairlib probe`` result) makes it relative to the probed engine.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+__all__ = ["main", "build_parser", "load_tokenizer", "load_spec"]
+
+
+# --- shared helpers ---------------------------------------------------------------------------
+
+def load_tokenizer(name: Optional[str]):
+    """``None``/``"whitespace"``: no tokenizer (prompts of N words). Otherwise a tokenizer file or
+    folder, read with ``tokenizers`` (a ``tokenizer.json``) or ``transformers`` (a folder)."""
+    if name is None or name == "whitespace":
+        return None
+    p = Path(name)
+    if p.is_file():
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise SystemExit(f"--tokenizer {name}: reading a tokenizer.json needs the 'tokenizers' package "
+                             "(pip install tokenizers), or use --tokenizer whitespace") from None
+        return Tokenizer.from_file(str(p))
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise SystemExit(f"--tokenizer {name}: loading a tokenizer folder needs 'transformers'; offline, use "
+                         "--tokenizer whitespace (prompt tokens = words)") from None
+    return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+
+
+def load_spec(scenario: str, *, rho=None, rate_scale=None, capacity_file=None, duration_s=None):
+    """A scenario file (name or path) as a ``ScenarioSpec`` with the load options applied."""
+    from . import scenarios
+
+    spec = scenarios.load(scenario, capacity=capacity_file, duration_s=duration_s, rho=rho)
+    if rate_scale is not None:
+        if not rate_scale > 0:
+            raise SystemExit(f"--rate-scale must be > 0, got {rate_scale}")
+        spec = scenarios.load(scenario, capacity=capacity_file, duration_s=duration_s, rho=spec.rho * rate_scale)
+    return spec
+
+
+def _policy_params(items) -> dict:
+    from .serve.server import _policy_param
+    return dict(_policy_param(s) for s in items or [])
+
+
+def _resolve_model(endpoint: str) -> str:
+    from .client.env import fetch_json
+    got = fetch_json(endpoint.rstrip("/") + "/models")
+    try:
+        return str(got["body"]["data"][0]["id"])
+    except (KeyError, IndexError, TypeError):
+        raise SystemExit(f"{endpoint}/models did not list a model ({got.get('error') or got.get('body')}); "
+                         "pass --model") from None
+
+
+def _add_load_options(p) -> None:
+    p.add_argument("--scenario", required=True, help="a scenario name (fairlib/scenarios/*.toml) or a .toml path")
+    p.add_argument("--seed", type=int, help="run seed (default: the scenario's first seed)")
+    p.add_argument("--duration-s", type=float, help="replace the scenario's run length")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--rho", type=float, help="total offered load relative to capacity (replaces the file's rho)")
+    g.add_argument("--rate-scale", type=float, help="multiply every tenant's rate (the file's rho times this)")
+    p.add_argument("--capacity-file", help="a fairlib probe result (JSON): load is relative to the probed engine")
+    p.add_argument("--out", help="the run directory (default runs/<scenario>/<backend>/seed<seed>)")
+    p.add_argument("--overwrite", action="store_true", help="replace a run directory that already holds records")
+    p.add_argument("--api", choices=("completions", "chat"), default="completions")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .serve.server import add_arguments as add_serve_arguments
+
+    p = argparse.ArgumentParser(prog="fairlib", description=__doc__.split("\n\n")[0].strip(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{serve,run,simulate,probe,analyze}")
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible test double timed by the engine model (not an engine)",
+                       description="Serve the engine model in real time over HTTP (vLLM's wire format). A test "
+                                   "double and a live demonstration of a policy: its numbers are never an engine's.")
+    add_serve_arguments(s)
+
+    r = sub.add_parser("run", help="send a scenario open-loop to an endpoint; write a run directory")
+    _add_load_options(r)
+    r.add_argument("--endpoint", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
+    r.add_argument("--model", help="model name (default: the first the endpoint lists)")
+    r.add_argument("--workers", type=int, default=1, help="client processes (schedule sharded round-robin)")
+    r.add_argument("--tokenizer", default="whitespace",
+                   help="'whitespace' (prompt tokens = words; default) or a tokenizer.json / tokenizer folder")
+    r.add_argument("--ignore-eos", dest="ignore_eos", action="store_true", default=True,
+                   help="send ignore_eos: true (default)")
+    r.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="do not send ignore_eos (for servers that reject it)")
+    r.add_argument("--send-min-tokens", action="store_true", help="also send min_tokens = max_tokens")
+    r.add_argument("--send-priority", action="store_true",
+                   help="send each tenant's priority (vLLM: only with --scheduling-policy priority)")
+    r.add_argument("--server-policy", help="a label: the policy the server is known to run (recorded)")
+    r.add_argument("--lag-threshold-ms", type=float, default=10.0, help="p99 schedule lag above which the run is invalid")
+    r.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout")
+    r.add_argument("--no-metrics", action="store_true", help="do not sample the endpoint's /metrics")
+
+    m = sub.add_parser("simulate", help="run a scenario in the simulator; write the same run-directory shape")
+    _add_load_options(m)
+    m.add_argument("--policy", help="override the scenario's policy")
+    m.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE")
+
+    q = sub.add_parser("probe", help="fit the engine model's costs and capacity of a live endpoint")
+    q.add_argument("--endpoint", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
+    q.add_argument("--model", help="model name (default: the first the endpoint lists)")
+    q.add_argument("--api", choices=("completions", "chat"), default="completions")
+    q.add_argument("--out", default="probe.json", help="where to write the result (JSON)")
+    q.add_argument("--batches", default="1,2,4,8,16,32,64", help="running batch sizes to try (ascending)")
+    q.add_argument("--decode-tokens", type=int, default=48, help="output tokens per stream in the batch sweep")
+    q.add_argument("--prompt-tokens", type=int, default=16, help="prompt tokens per stream in the batch sweep")
+    q.add_argument("--prefill-lengths", default="16,256,512,1024,1536,2048", help="prompt lengths for the TTFT fit")
+    q.add_argument("--prefill-repeats", type=int, default=5)
+    q.add_argument("--max-batch", type=int, help="the engine's known batch limit (default: found by the sweep)")
+    q.add_argument("--tokenizer", default="whitespace")
+    q.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false", default=True)
+    q.add_argument("--send-min-tokens", action="store_true")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--quiet", action="store_true")
+
+    sub.add_parser("analyze", help="report on run directories (fairlib.analyze; 'fairlib analyze -h')",
+                   add_help=False)
+    return p
+
+
+# --- subcommands ------------------------------------------------------------------------------
+
+def _default_out(spec, backend: str, seed: int) -> Path:
+    return Path("runs") / spec.name / backend / f"seed{seed}"
+
+
+def cmd_run(a) -> int:
+    from .client import EndpointConfig, build_schedule, run
+
+    spec = load_spec(a.scenario, rho=a.rho, rate_scale=a.rate_scale, capacity_file=a.capacity_file,
+                     duration_s=a.duration_s)
+    seed = spec.seeds[0] if a.seed is None else a.seed
+    model = a.model or _resolve_model(a.endpoint)
+    tok = load_tokenizer(a.tokenizer)
+    schedule = build_schedule(spec.requests(seed), seed, api=a.api, tokenizer=tok,
+                              tenant_names=list(spec.tenant_names))
+    cfg = EndpointConfig(base_url=a.endpoint, model=model, api=a.api, ignore_eos=a.ignore_eos,
+                         send_min_tokens=a.send_min_tokens, send_priority=a.send_priority, timeout_s=a.timeout_s)
+    out = Path(a.out) if a.out else _default_out(spec, "http", seed)
+    extra = {"scenario": spec.to_dict(), "seed": int(seed), "backend": "http", "policy": a.server_policy,
+             "tokenizer": a.tokenizer, "cli": {"rho": a.rho, "rate_scale": a.rate_scale,
+                                               "capacity_file": a.capacity_file}}
+    print(f"fairlib run: {spec.name} seed {seed}: {len(schedule)} requests over {spec.duration_s:g} s "
+          f"({schedule.rate_rps or 0:.2f} req/s) -> {a.endpoint} ({model}); run directory {out}", flush=True)
+    summary = run(schedule, cfg, out, workers=a.workers, lag_threshold_ms=a.lag_threshold_ms,
+                  scrape_metrics=not a.no_metrics, config_extra=extra, overwrite=a.overwrite)
+    _print_summary(summary, out)
+    return 0
+
+
+def _print_summary(summary: dict, out) -> None:
+    lag = summary.get("schedule_lag_ms") or {}
+    errs = {k: v for k, v in (summary.get("error_counts") or {}).items() if v and k != "none"}
+    fmt = (lambda v: "-" if v is None else f"{v:.2f}")
+    print(f"  {summary['n_ok']}/{summary['n_planned']} ok" + (f", errors {errs}" if errs else "")
+          + f"; schedule lag p50 {fmt(lag.get('p50'))} ms, p99 {fmt(lag.get('p99'))} ms; "
+          f"requested {fmt(summary.get('requested_rate_rps'))} req/s, achieved {fmt(summary.get('achieved_rate_rps'))}; "
+          + ("VALID" if summary.get("valid") else f"INVALID ({summary.get('valid_reason')})")
+          + (" [interrupted]" if summary.get("interrupted") else ""))
+    print(f"  {out}")
+
+
+def cmd_simulate(a) -> int:
+    from .records import simulate_run, write_run_dir
+
+    spec = load_spec(a.scenario, rho=a.rho, rate_scale=a.rate_scale, capacity_file=a.capacity_file,
+                     duration_s=a.duration_s)
+    seed = spec.seeds[0] if a.seed is None else a.seed
+    policy = a.policy or spec.policy
+    params = _policy_params(a.policy_param) if a.policy else {**spec.policy_params, **_policy_params(a.policy_param)}
+    run = simulate_run(spec, seed, policy, api=a.api, **params)
+    run.config["extra"]["policy"] = policy
+    out = Path(a.out) if a.out else _default_out(spec, "sim", seed)
+    write_run_dir(run.records, out, run.config, run.summary, overwrite=a.overwrite)
+    print(f"fairlib simulate: {spec.name} seed {seed}, policy {policy}: {len(run.records)} requests "
+          f"({spec.duration_s:g} s of arrivals) -> {out}")
+    return 0
+
+
+def _ints(text: str, name: str) -> list:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"{name} takes comma-separated integers, got {text!r}") from None
+
+
+def cmd_probe(a) -> int:
+    from .client import EndpointConfig
+    from .probe import probe
+
+    model = a.model or _resolve_model(a.endpoint)
+    cfg = EndpointConfig(base_url=a.endpoint, model=model, api=a.api, ignore_eos=a.ignore_eos,
+                         send_min_tokens=a.send_min_tokens)
+    res = probe(cfg, batches=_ints(a.batches, "--batches"), decode_tokens=a.decode_tokens,
+                prompt_tokens=a.prompt_tokens, prefill_lengths=_ints(a.prefill_lengths, "--prefill-lengths"),
+                prefill_repeats=a.prefill_repeats, max_batch=a.max_batch, seed=a.seed,
+                tokenizer=load_tokenizer(a.tokenizer), out=a.out, verbose=not a.quiet)
+    e, f, c = res["engine"], res["fit"], res["capacity"]
+    r2 = (lambda v: "-" if v is None else f"{v:.4f}")
+    print(f"fairlib probe: dt = {e['iter_base_ms']:.3f} + {e['iter_slope_ms']:.4f} B "
+          f"(R^2 {r2(f['decode']['r2'])}) + {e['prefill_ms_per_token']:.5f} P ms (R^2 {r2(f['prefill']['r2'])}); "
+          f"max_batch {e['max_batch']}{' (lower bound)' if c['max_batch_is_lower_bound'] else ''}; "
+          f"capacity {c['output_tokens_per_s']:.1f} output tokens/s -> {a.out}")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "analyze":
+        from . import analyze
+        if not hasattr(analyze, "main"):
+            raise SystemExit("fairlib analyze: fairlib.analyze.main is not available")
+        return int(analyze.main(argv[1:]) or 0)
+    a = build_parser().parse_args(argv)
+    if a.cmd == "serve":
+        from .serve.server import config_from_args, serve_forever
+        try:
+            cfg = config_from_args(a)
+        except ValueError as e:
+            raise SystemExit(f"fairlib serve: {e}") from None
+        serve_forever(cfg)
+        return 0
+    try:
+        if a.cmd == "run":
+            return cmd_run(a)
+        if a.cmd == "simulate":
+            return cmd_simulate(a)
+        if a.cmd == "probe":
+            return cmd_probe(a)
+    except ValueError as e:  # invalid scenario files, parameters: one line, no traceback
+        raise SystemExit(f"fairlib {a.cmd}: {e}") from None
+    raise SystemExit(f"unknown command {a.cmd!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
