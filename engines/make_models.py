@@ -46,27 +46,14 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }} {% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
-# Words for whole-word pieces; the measurement client's prompt words first (fairlib.client.schedule.WORDS
-# is copied here so this script runs without fairlib installed; a missing word only splits into pieces).
-WORDS = """
-time year people way day man thing woman life child world school state family student group country
-problem hand part place case week company system program question work government number night point
-home water room mother area money story fact month lot right study book eye job word business issue
-side kind head house service friend father power hour game line end member law car city community
-name president team minute idea kid body information back parent face others level office door
-health person art war history party result change morning reason research girl guy moment air teacher
-force education foot boy age policy process music market sense nation plan college interest death
-experience effect use class control care field development role effort rate heart drug show leader
-light voice wife police mind price report decision son view relationship town road arm difference
-value building action model season society tax director position player record paper space ground
-form event official matter center couple site project activity star table need court oil situation
-cost industry figure street image phone data picture practice piece land product doctor wall patient
-worker news test movie north love support technology step baby computer type attention film tree
-source organization hair window evidence population truth song energy period course chance river
-req the of and to in is it you that he was for on are with as his they be at one have this from or
-had by not but what some we can out other were all there when up your how said an each she which do
-their if will about many then them these so would make like him into has look two more write go see
-no could been call who its now find long down did get come made may
+# Words for whole-word pieces: the measurement client's prompt words first (the file
+# fairlib/client/schedule.py reads; read here as text so this script runs without fairlib installed).
+WORDS = (Path(__file__).resolve().parent.parent / "fairlib" / "client" / "words.txt").read_text().split() + """
+req the of and to in is it you that he was for on are with as his they be
+at one have this from or had by not but what some we can out other were all there when
+up your how said an each she which do their if will about many then them these so would make
+like him into has look two more write go see no could been call who its now find long down
+did get come made may
 """.split()
 
 

@@ -15,29 +15,16 @@ import json
 import math
 import random
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 __all__ = ["PlannedRequest", "Schedule", "build_schedule", "make_prompt", "WORDS"]
 
 APIS = ("completions", "chat")
 
-# A fixed word list (never reorder: prompt content depends on it).
-WORDS = tuple("""
-time year people way day man thing woman life child world school state family student group country
-problem hand part place case week company system program question work government number night point
-home water room mother area money story fact month lot right study book eye job word business issue
-side kind head house service friend father power hour game line end member law car city community
-name president team minute idea kid body information back parent face others level office door
-health person art war history party result change morning reason research girl guy moment air teacher
-force education foot boy age policy process music market sense nation plan college interest death
-experience effect use class control care field development role effort rate heart drug show leader
-light voice wife police mind price report decision son view relationship town road arm difference
-value building action model season society tax director position player record paper space ground
-form event official matter center couple site project activity star table need court oil situation
-cost industry figure street image phone data picture practice piece land product doctor wall patient
-worker news test movie north love support technology step baby computer type attention film tree
-source organization hair window evidence population truth song energy period course chance river
-""".split())
+# A fixed word list (never reorder: prompt content depends on it). engines/make_models.py reads
+# the same file, so the tiny models' vocabulary holds these words whole.
+WORDS = tuple(Path(__file__).with_name("words.txt").read_text().split())
 
 Prompt = Union[str, tuple]
 
