@@ -10,6 +10,7 @@ Units: times in milliseconds, rates in requests per second, lengths in tokens (i
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import Optional, Tuple, Union
 
@@ -70,14 +71,15 @@ def _count(n) -> int:
 
 
 # --- length distributions ------------------------------------------------------------------
-class LengthDist:
+class LengthDist(ABC):
     """A distribution of token counts: ``sample(rng, n)`` gives ``n`` int64 values >= 1;
     ``mean`` is the nominal mean used to convert offered load into a request rate."""
 
     mean: float
 
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` draws, int64, each >= 1."""
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,7 @@ class Uniform(LengthDist):
 
 
 # --- arrival processes ---------------------------------------------------------------------
-class Arrival:
+class Arrival(ABC):
     """An open-loop arrival process. ``rate_rps`` is the long-run mean rate (requests/s); it may
     be left ``None`` and set later with :meth:`with_rate` (a :class:`Tenant` does this).
     ``times(rng, duration_ms)`` gives sorted float64 times in ``[0, duration_ms)``."""
@@ -203,8 +205,9 @@ class Arrival:
             return np.empty(0, dtype=np.float64)
         return self._times(rng, rate, duration_ms)
 
-    def _times(self, rng, rate, duration_ms):  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def _times(self, rng, rate, duration_ms):
+        """Sorted arrival times in [0, duration_ms) at `rate` requests/s."""
 
 
 def _renewal(rng, draw_gaps, mean_gap_ms: float, horizon_ms: float) -> np.ndarray:
