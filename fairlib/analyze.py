@@ -413,18 +413,21 @@ def residency(run, window="load", tenant_names=None, tick_tol_s: Optional[float]
     if prefill != "split":
         raise ValueError(f"residency: prefill must be 'split' or 'fitted', got {prefill!r}")
     s, e, ten = stream_intervals(rec, names, tick_tol_s)
-    edges = [x for x in (lo, hi) if math.isfinite(x)]
-    b, m = _sweep(s, e, ten, len(names), edges)
-    if m.shape[1]:
-        mid = 0.5 * (b[:-1] + b[1:])
-        keep = (mid >= lo) & (mid < hi)
-        machine = m[:, keep].sum(axis=1)
-        busy = float(np.diff(b)[keep][m[:, keep].sum(axis=0) > 0].sum())
-    else:
-        machine, busy = np.zeros(len(names)), 0.0
+    machine, busy = _machine_in_window(s, e, ten, len(names), lo, hi)
     tot = machine.sum()
     return pd.DataFrame({"machine_s": machine, "share": machine / tot if tot > 0 else np.nan,
                          "busy_s": busy}, index=pd.Index(names, name="tenant"))
+
+
+def _machine_in_window(s, e, ten, n_t, lo, hi):
+    """Each tenant's equal-split machine time inside [lo, hi) and the busy time there."""
+    edges = [x for x in (lo, hi) if math.isfinite(x)]
+    b, m = _sweep(s, e, ten, n_t, edges)
+    if not m.shape[1]:
+        return np.zeros(n_t), 0.0
+    mid = 0.5 * (b[:-1] + b[1:])
+    keep = (mid >= lo) & (mid < hi)
+    return m[:, keep].sum(axis=1), float(np.diff(b)[keep][m[:, keep].sum(axis=0) > 0].sum())
 
 
 def _residency_fitted(rec, names, lo, hi, tick_tol_s) -> pd.DataFrame:
@@ -437,15 +440,7 @@ def _residency_fitted(rec, names, lo, hi, tick_tol_s) -> pd.DataFrame:
     fit = _fit_ticks(iv)
     n_t = len(names)
     s, e, ten = iv["start"], iv["end"], iv["tenant"]
-    edges = [x for x in (lo, hi) if math.isfinite(x)]
-    b, m = _sweep(s, e, ten, n_t, edges)
-    if m.shape[1]:
-        mid = 0.5 * (b[:-1] + b[1:])
-        keep = (mid >= lo) & (mid < hi)
-        machine = m[:, keep].sum(axis=1)
-        busy = float(np.diff(b)[keep][m[:, keep].sum(axis=0) > 0].sum())
-    else:
-        machine, busy = np.zeros(n_t), 0.0
+    machine, busy = _machine_in_window(s, e, ten, n_t, lo, hi)
     c = fit["prefill_ms_per_token"]
     if iv["n_ticks"] and not math.isnan(c) and c > 0:
         k = iv["tick"]
