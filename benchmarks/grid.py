@@ -31,6 +31,7 @@ import fairlib  # noqa: E402
 from fairlib import sweep  # noqa: E402
 from fairlib.sim import loop  # noqa: E402
 from fairlib.policies import make_policy  # noqa: E402
+from fairlib.simulate import RequestArrays  # noqa: E402
 
 
 def sample_runs(spec, k, seed=0):
@@ -56,7 +57,7 @@ def compare_reference(spec, k):
         eng = sc.engine
         h = sc.duration_s * 1000.0
         names = list(sc.tenant_names)
-        table = sweep._Table(df, len(names))
+        table = RequestArrays(df, len(names))
         pol = make_policy(ps.name, **params)
         t0 = time.perf_counter()
         S, pf, pi = table.state(eng, pol)
