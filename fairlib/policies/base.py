@@ -8,7 +8,8 @@ heap_n)``: ``pf``/``pi`` are the policy's float/int state arrays, the rest the e
 - ``accept(*V, r, t) -> bool``: at arrival, before ``r`` joins its line (admission control).
 - ``select(*V, t) -> line``: the line whose head is admitted next, or -1 for none.
 - ``on_admit(*V, r, line, prefill_tokens, E)``: ``r`` was admitted.
-- ``on_iteration(*V, B, per_seq, E)``: ``BT[LAST_IDS, :B]`` ran; ``RI[PRE_TOK]`` holds the prefills.
+- ``on_iteration(*V, B, per_seq, E)``: ``BT[LAST_IDS, :B]`` ran (each one's prefill this iteration:
+  ``RI[PRE_TOK]`` holds the prefill tokens of each request's latest admission).
 - ``on_finish(*V, r)``: ``r`` finished.
 Hooks a policy does not need are simply absent (fairlib/policies/dispatch.py).
 """

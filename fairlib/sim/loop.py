@@ -68,7 +68,7 @@ def _preempt(RI, TI, BT, si, E):
 
 
 @jit.inline
-def _admit(RF, RI, TI, BT, heap, heap_n, si, E, pid, pf, pi, t, need):
+def _admit(RF, RI, TF, TI, BT, heap, heap_n, si, E, pid, pf, pi, t, need):
     """Step 3: admit what the policy names while slots, prefill budget and KV allow. Returns P."""
     P = 0
     nrun = si[N_RUNNING]
@@ -90,6 +90,10 @@ def _admit(RF, RI, TI, BT, heap, heap_n, si, E, pid, pf, pi, t, need):
         RI[PRE_TOK, r] = tokens
         RI[ENTERED, r] = si[ITERATIONS]
         tn = RI[TENANT, r]
+        pre = E[2] * tokens                 # step 6, prefill part: the admitted request's own
+        RF[CHARGED, r] += pre
+        TF[T_MACHINE, tn] += pre
+        TF[T_PREFILL, tn] += pre
         if np.isnan(RF[ADMITTED, r]):
             RF[ADMITTED, r] = t
             TI[T_ADMITTED, tn] += 1
@@ -100,23 +104,24 @@ def _admit(RF, RI, TI, BT, heap, heap_n, si, E, pid, pf, pi, t, need):
 
 @jit.inline
 def _emit(RF, RI, TF, TI, BT, sf, si, E, B, P, t):
-    """Steps 5-7: cost, residency charges, one token per running sequence. Returns (clock, per_seq)."""
+    """Steps 5-7: cost, the per-sequence part of the charges (the prefill part was charged at
+    admission), one token per running sequence. Returns (clock, per_seq)."""
     per_seq = (E[0] + E[1] * B) / B
     dt = E[0] + E[1] * B + E[2] * P
     t += dt
     for i in range(B):
         r = BT[RUN_IDS, i]
         BT[LAST_IDS, i] = r
-        tn = RI[TENANT, r]
-        pre = E[2] * RI[PRE_TOK, r]
-        RF[CHARGED, r] += per_seq + pre
-        TF[T_MACHINE, tn] += per_seq + pre
-        TF[T_DECODE, tn] += per_seq
-        TF[T_PREFILL, tn] += pre
+        RF[CHARGED, r] += per_seq
         RI[GENERATED, r] += 1
-        TI[T_TOKENS, tn] += 1
         if RI[GENERATED, r] == 1:
             RF[FIRST, r] = t
+    for j in range(TI.shape[1]):           # TI[T_RUNNING, j]: tenant j's sequences in this batch
+        k = TI[T_RUNNING, j]
+        if k > 0:
+            TF[T_MACHINE, j] += per_seq * k
+            TF[T_DECODE, j] += per_seq * k
+            TI[T_TOKENS, j] += k
     sf[T_NOW] = t
     sf[BUSY_MS] += dt
     si[ITERATIONS] += 1
@@ -131,7 +136,6 @@ def _retire(RF, RI, TI, BT, heap, heap_n, si, pid, pf, pi, B, t):
     k = 0
     for i in range(B):
         r = BT[RUN_IDS, i]
-        RI[PRE_TOK, r] = 0
         if RI[GENERATED, r] >= RI[OUTPUT, r]:
             RI[STATUS, r] = FINISHED
             RF[FINISH, r] = t
@@ -159,7 +163,7 @@ def step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi):
     need = 0
     if E[5] < np.inf:
         need = _preempt(RI, TI, BT, si, E)
-    P = _admit(RF, RI, TI, BT, heap, heap_n, si, E, pid, pf, pi, t, need)
+    P = _admit(RF, RI, TF, TI, BT, heap, heap_n, si, E, pid, pf, pi, t, need)
     B = si[N_RUNNING]
     if B == 0:                                     # step 4: idle
         nxt = si[NEXT_ARRIVAL]

@@ -34,7 +34,7 @@ class State(NamedTuple):
     RF: np.ndarray       # f8[7, capacity]: arrival, key (order in its line), admitted, first token, finish, charged,
     #                      aux (a number the policy keeps per request)
     RI: np.ndarray       # i8[11, capacity]: tenant, prompt, output, est, klass, line, status, generated,
-    #                      preemptions, entered (iteration of the latest entry), prefill tokens this iteration
+    #                      preemptions, entered (iteration of the latest entry), prefill tokens of the latest admission
     TF: np.ndarray       # f8[3, n_tenants]: machine, prefill, decode ms
     TI: np.ndarray       # i8[5, n_tenants]: tokens, admitted, finished, rejected, running
     BT: np.ndarray       # i8[3, max_batch]: running ids, ids that ran in the latest iteration, preempted now
