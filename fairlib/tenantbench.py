@@ -95,7 +95,8 @@ def run_scenario(spec: ScenarioSpec, seed: int, backend: str = "sim", *, policy:
                  policy_params: Optional[dict] = None, endpoint: Optional[str] = None, model: Optional[str] = None,
                  api: str = "completions", run_dir=None, send_priority: bool = False,
                  server_policy: Optional[str] = None, lag_threshold_ms: float = 10.0, workers: int = 1,
-                 timeout_s: float = 600.0, overwrite: bool = True) -> Run:
+                 timeout_s: float = 600.0, overwrite: bool = True, endpoint_config=None, tokenizer=None,
+                 config_extra: Optional[dict] = None, scrape_metrics: bool = True) -> Run:
     """One run of ``spec`` with ``seed``.
 
     ``sim``: the engine model under ``policy`` (default: the scenario's own), records in memory
@@ -103,7 +104,12 @@ def run_scenario(spec: ScenarioSpec, seed: int, backend: str = "sim", *, policy:
     ``endpoint`` (``model`` default: the first the endpoint lists), written to ``run_dir``
     (required); ``server_policy`` is only a label (what the server is known to run);
     ``send_priority`` sends each tenant's priority (vLLM: only with ``--scheduling-policy
-    priority``)."""
+    priority``). ``endpoint_config``: a ``fairlib.client.EndpointConfig`` to send with instead of
+    the one built from ``endpoint``/``model``/``send_priority``/``timeout_s`` (an engine's own
+    request settings: ``fairlib.engines.EngineProcess.endpoint_config``); ``tokenizer``: the
+    served model's tokenizer, for prompts of exact token length (``build_schedule``);
+    ``config_extra``: more to record in ``config.json``'s ``extra``; ``scrape_metrics``: sample
+    the endpoint's ``/metrics`` during the run (``server_metrics.jsonl``)."""
     if backend == "sim":
         pol = policy or spec.policy
         params = dict(spec.policy_params if policy is None else (policy_params or {}))
@@ -115,17 +121,24 @@ def run_scenario(spec: ScenarioSpec, seed: int, backend: str = "sim", *, policy:
         return run
     if backend != "http":
         raise ValueError(f"backend must be 'sim' or 'http', got {backend!r}")
-    if not endpoint:
+    if not endpoint and endpoint_config is None:
         raise ValueError("backend='http' needs endpoint= (the OpenAI base URL, e.g. http://127.0.0.1:8000/v1)")
     if run_dir is None:
         raise ValueError("backend='http' needs run_dir= (the run directory to write)")
+    from dataclasses import replace as _replace
+
     from .client import EndpointConfig, build_schedule, run as client_run
-    model = model or resolve_model(endpoint)
-    schedule = build_schedule(spec.requests(seed), seed, api=api, tenant_names=list(spec.tenant_names))
-    cfg = EndpointConfig(base_url=endpoint, model=model, api=api, send_priority=send_priority, timeout_s=timeout_s)
-    extra = {"scenario": spec.to_dict(), "seed": int(seed), "backend": "http", "policy": server_policy}
+    if endpoint_config is not None:
+        cfg = _replace(endpoint_config, api=api)
+    else:
+        model = model or resolve_model(endpoint)
+        cfg = EndpointConfig(base_url=endpoint, model=model, api=api, send_priority=send_priority, timeout_s=timeout_s)
+    schedule = build_schedule(spec.requests(seed), seed, api=api, tenant_names=list(spec.tenant_names),
+                              tokenizer=tokenizer)
+    extra = {**(config_extra or {}), "scenario": spec.to_dict(), "seed": int(seed), "backend": "http",
+             "policy": server_policy}
     client_run(schedule, cfg, run_dir, workers=workers, lag_threshold_ms=lag_threshold_ms, config_extra=extra,
-               overwrite=overwrite, handle_sigint=False)
+               overwrite=overwrite, handle_sigint=False, scrape_metrics=scrape_metrics)
     return load_run(run_dir)
 
 

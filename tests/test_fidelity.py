@@ -1,0 +1,140 @@
+"""``fairlib.fit`` and ``fairlib.fidelity`` without engines: the fits on synthetic points, the
+saved engine fits and live runs in ``data/`` (what chapters 1 and 8 analyse by default), and the
+bounds the chapters assert on them. The live counterparts are in ``tests/test_real_engines.py``."""
+import copy
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fairlib import Engine, fidelity as fd, fit
+from fairlib.probe import load_engine as probe_load_engine
+from fairlib.scenarios import load
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def synthetic_points(base=2.0, s0=0.3, sc=0.001, dt1=None, contexts=(64.0, 352.0, 800.0), batches=(1, 2, 4, 8, 12, 16)):
+    pts = []
+    for c in contexts:
+        for b in batches:
+            dt = base + (s0 + sc * c) * b
+            if b == 1 and dt1 is not None:
+                dt = dt1
+            for rep in range(2):
+                pts.append({"B": b, "context": c, "prompt_tokens": c - 32, "dt_ms": dt, "concurrent": b, "rep": rep,
+                            "server_ms_per_token": dt * 1.02, "server_source": "test"})
+    return pts
+
+
+def test_joint_fit_recovers_the_context_term():
+    d = fit.fit_decode(synthetic_points(), max_batch=16)
+    j = d["joint"]
+    assert j["iter_base_ms"] == pytest.approx(2.0) and j["slope_0_ms"] == pytest.approx(0.3)
+    assert j["slope_ctx_ms_per_token"] == pytest.approx(0.001) and j["r2"] == pytest.approx(1.0)
+    assert not d["small_batch_regime"] and not d["piecewise_demanded"]
+    assert d["server"]["client_over_server_median"] == pytest.approx(1 / 1.02)
+
+
+def test_small_batch_regime_is_fitted_apart():
+    d = fit.fit_decode(synthetic_points(dt1=0.5), max_batch=16)
+    assert d["small_batch_regime"] and d["joint"]["B_range"] == [2, 16]
+    assert d["joint"]["slope_0_ms"] == pytest.approx(0.3)            # B = 1 left out of the line
+    one = d["per_context"]["352.0"]["small_batch_regime"]
+    assert one["separate"] and one["dt1_ms"] == 0.5
+
+
+def test_piecewise_is_demanded_by_a_kink():
+    pts = [{"B": b, "context": 100.0, "dt_ms": (1 + 2 * b) if b <= 8 else 12 + 0.1 * b, "concurrent": b}
+           for b in (1, 2, 4, 6, 8, 10, 12, 14, 16)]
+    d = fit.fit_decode_one(pts, 16)
+    assert d["piecewise"]["break_after"] == 8.0 and d["piecewise_demanded"]
+
+
+def test_prefill_fit_and_quadratic():
+    pts = [{"P": p, "ttft_ms": 5 + 0.2 * p + 1e-4 * p * p, "error_class": "none", "server_prefill_ms": 0.2 * p}
+           for p in (16, 128, 256, 512, 768) for _ in range(2)]
+    f = fit.fit_prefill(pts)
+    assert f["quadratic"]["c2"] == pytest.approx(1e-4) and f["quadratic"]["slope_at_256"] == pytest.approx(0.2 + 2e-4 * 256)
+    assert f["linear"]["r2"] > 0.99 and f["server"]["linear"]["slope"] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("kind", fd.KINDS)
+def test_saved_fit_loads_into_an_engine(kind):
+    d = fit.load_fit(kind)
+    for key in ("engine", "engine_info", "machine", "date", "params", "fit", "points", "capacity"):
+        assert key in d, key
+    assert d["engine_info"]["version"] and d["engine_info"]["model_shape"]["layers"] == 4
+    assert d["machine"]["cores"] >= 1 and d["machine"]["cpu_model"]
+    e = fit.load_engine(kind)
+    assert isinstance(e, Engine) and e == probe_load_engine(fit.data_path(kind))
+    assert e == fit.engine_at(d)                                            # the reference context
+    s = d["fit"]["summary"]
+    assert s["decode_r2"] > 0.9 and s["prefill_r2"] > 0.95 and s["slope_ctx_ms_per_1k_tokens"] > 0
+    assert fit.engine_at(d, 800).iter_slope_ms > fit.engine_at(d, 64).iter_slope_ms
+    assert 0.8 < s["client_over_server_per_token"] < 1.2
+    # a probe-style capacity file: scenarios load relative to the fitted engine
+    spec = load("fair_share", capacity=fit.data_path(kind))
+    assert spec.engine == e
+    assert len(d["points"]["decode"]) >= 30 and len(d["points"]["prefill"]) >= 15
+
+
+def test_mean_decode_context_of_constant_lengths():
+    from fairlib.workload import Constant, Scenario, Tenant
+    from fairlib.scenarios import ScenarioSpec, SLO
+    sc = Scenario((Tenant("a", output=Constant(10), prompt=Constant(100), rate_rps=1.0),), engine=Engine(), duration_s=1)
+    spec = ScenarioSpec("x", sc, {"a": SLO(1, 1)}, "", 1.0)
+    assert fit.mean_decode_context(spec) == pytest.approx(100 + 11 / 2)
+
+
+def test_victim_baseline_keeps_the_neighbor_scenarios_rates():
+    d = fit.load_fit("vllm")
+    nn, nn_info = fd.scenario_spec(d, "noisy_neighbor", 15)
+    vb, vb_info = fd.scenario_spec(d, "victim_baseline", 15)
+    assert vb.scenario.tenants[0].rate_rps == pytest.approx(nn.scenario.tenants[0].rate_rps)
+    a, b = nn.requests(0), vb.requests(0)
+    assert np.array_equal(a[a.tenant == 0]["arrival_ms"].to_numpy(), b["arrival_ms"].to_numpy())
+    assert vb_info["decode_context"] < nn_info["decode_context"]          # simulated at its own context
+    assert vb.engine.iter_slope_ms < nn.engine.iter_slope_ms
+
+
+def _saved_table():
+    runs = [r for k in fd.KINDS for r in fd.load_saved(k)]
+    return runs, fd.compare_all(fd.simulate_pairs(runs))
+
+
+def test_saved_runs_meet_the_chapter_bounds():
+    runs, table = _saved_table()
+    assert len(runs) == 2 * len(fd.SCENARIOS)
+    for r in runs:
+        assert r.backend == "http" and r.summary["n_ok"] == r.summary["n_planned"] > 0
+        assert set(p.name for p in Path(r.path).iterdir()) == set(fd.SAVED_FILES)
+    checks = fd.check(table)
+    assert all(ok for c in checks.values() for _, _, ok in c.values()), checks
+    summary = fd.error_summary(table)
+    pub = fd.published_table(summary)
+    assert {"Vidur", "BLIS", "LLMServingSim 2.0"} <= set(pub["simulator"])
+
+
+def test_a_changed_schedule_is_refused():
+    run = fd.load_saved("llamacpp", ["fair_share"])[0]
+    bad = copy.copy(run)
+    bad.records = run.records.iloc[:-1]
+    with pytest.raises(ValueError, match="not the scenario's"):
+        fd.simulate_pairs([bad])
+
+
+def test_chapter1_saved_split_within_bound():
+    run = fd.load_saved("vllm", ["seed000"])[0]
+    split = fd.seed000_compare(run)
+    worst = split[["difference, split (points)", "difference, priced (points)"]].abs().max().max()
+    assert worst <= fd.SEED000_SHARE_PTS
+    assert split["simulated, prefill split"].sum() == pytest.approx(100)
+
+
+def test_saved_data_is_small():
+    total = sum(p.stat().st_size for p in (ROOT / "data" / "runs").rglob("*") if p.is_file())
+    total += sum(p.stat().st_size for p in (ROOT / "data" / "engines").glob("*.json"))
+    assert total < 5 * 2 ** 20, f"data/runs + data/engines hold {total / 2**20:.1f} MiB"
