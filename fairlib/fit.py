@@ -46,10 +46,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import platform
-import threading
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -57,7 +55,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .engine import Engine
-from .probe import decode_point, linear_fit, load_engine as _probe_load_engine
+from .probe import _run, decode_point, linear_fit, load_engine as _probe_load_engine  # _run: a coroutine from sync code
 
 __all__ = ["FIT_VERSION", "DEFAULTS", "ENGINE_FLAGS", "REFERENCE_CONTEXT", "start", "fit_engine", "measure", "fit_decode",
            "fit_decode_one", "fit_prefill", "piecewise_fit", "engine_at", "mean_decode_context", "load_engine",
@@ -164,18 +162,6 @@ def _engine_info(eng) -> dict:
 
 
 # --- measuring -----------------------------------------------------------------------------------
-def _run(coro):
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    box = {}
-    th = threading.Thread(target=lambda: box.setdefault("r", asyncio.run(coro)), name="fairlib-fit")
-    th.start()
-    th.join()
-    return box["r"]
-
-
 def _hist(metrics: dict, name: str) -> tuple:
     """(sum, count) of a Prometheus histogram in a parsed /metrics sample (labels summed over)."""
     s = sum(v for k, v in metrics.items() if k.split("{")[0] == name + "_sum" and v is not None)
