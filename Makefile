@@ -2,6 +2,8 @@
 #   make book       execute every chapter on the simulator and build the HTML book (_build/html)
 #   make test       unit/property/integration tests, then nbval over the chapter notebooks
 #   make test-fast  unit tests only (no slow, no real-engine tests)
+#   make test-portable  the exact comparisons again with numpy's SIMD, OpenBLAS's kernel and numba's
+#                   CPU target switched to older code paths (a CPU-dependent result fails here)
 #   make engines    set up the real engines (vLLM-CPU, llama-server, tiny models), cached
 #   make test-engines  only the real-engine tests (pytest -m engine)
 #   make bench      run benchmarks/*.py
@@ -32,8 +34,11 @@ export VLLM_CACHE_ROOT ?= $(HOME)/.cache/fairlib/vllm
 VEGA_OUT    := book/_static/generated
 VEGA_STAMP  := $(VEGA_OUT)/.stamp
 NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+NOTEBOOKS   := notebooks/ book/methods.ipynb
+# Tests that compare saved data exactly (run twice by make test: as is, and in the second numeric env)
+EXACT_TESTS := tests/test_experiments.py tests/test_sweep.py
 
-.PHONY: help venv book vega test test-fast nbval bench clean distclean engines engine-models engine-vllm \
+.PHONY: help venv book vega test test-fast test-portable nbval bench clean distclean engines engine-models engine-vllm \
         engine-llamacpp test-engines
 
 help:
@@ -77,10 +82,19 @@ test-engines: $(STAMP) engines
 test: $(STAMP)
 	$(MAKE) -j3 engines
 	$(PY) -m pytest tests -q
-	$(PY) -m pytest $(NBVAL_FLAGS) notebooks/ -q
+	$(PY) -m pytest $(NBVAL_FLAGS) $(NOTEBOOKS) -q
+	$(MAKE) test-portable
+
+# The second numeric environment (tests/numeric_env.py): numpy without its AVX2/AVX-512 loops,
+# OpenBLAS on an older core, numba compiled for a generic x86-64. Stored outputs and saved data
+# must come out the same bits; numba keeps a separate cache entry for the generic target.
+test-portable: $(STAMP)
+	eval "$$($(PY) tests/numeric_env.py)"; env | grep -E '^(NPY_DISABLE|OPENBLAS_CORE|NUMBA_CPU)' ; \
+	$(PY) -m pytest $(EXACT_TESTS) -q -m "not engine" -p no:cacheprovider && \
+	$(PY) -m pytest $(NBVAL_FLAGS) $(NOTEBOOKS) -q -p no:cacheprovider
 
 nbval: $(STAMP)
-	$(PY) -m pytest $(NBVAL_FLAGS) notebooks/ -q
+	$(PY) -m pytest $(NBVAL_FLAGS) $(NOTEBOOKS) -q
 
 test-fast: $(STAMP)
 	$(PY) -m pytest tests -q -m "not slow and not engine"

@@ -1,7 +1,8 @@
 """Small helpers the chapter notebooks share: backend checks and chart set-up."""
 from __future__ import annotations
 
-__all__ = ["require_backend", "BACKENDS", "setup_charts"]
+__all__ = ["require_backend", "BACKENDS", "setup_charts", "POLICY_COLOURS", "POLICY_LABELS", "policy_colour",
+           "policy_scale", "md"]
 
 BACKENDS = ("sim", "http")
 
@@ -34,3 +35,46 @@ def setup_charts():
     alt.renderers.enable("svg")
     alt.data_transformers.disable_max_rows()
     return alt
+
+
+#: One colour per policy, the same in every chart of the book (keys: the policy's registry name
+#: or the reference grid's label; values: Tableau-10 colours). Display labels map to the same
+#: colour through :data:`POLICY_LABELS`.
+POLICY_COLOURS = {
+    "fcfs": "#4c78a8", "rpm_quota": "#e45756", "vtc": "#f58518", "vtc_derived": "#b279a2",
+    "lcf": "#eeca3b", "residency": "#54a24b", "slot_cap": "#72b7b2", "rr": "#9d755d",
+    "vtc_predict": "#ff9da6", "priority": "#79706e", "weighted": "#bab0ac", "sjf": "#d67195",
+    "aging": "#8cd17d",
+}
+#: Display labels of the policies as the chapters name them in tables and legends.
+POLICY_LABELS = {
+    "fcfs": "FCFS", "rpm_quota": "equal quota", "vtc": "VTC 1/2", "vtc_derived": "VTC derived",
+    "lcf": "LCF", "residency": "charge dt/B", "slot_cap": "slot cap", "rr": "round robin",
+    "vtc_predict": "VTC predict", "priority": "priority", "weighted": "weighted", "sjf": "SJF",
+    "aging": "aging",
+}
+
+
+def policy_colour(name: str) -> str:
+    """The book's colour of a policy, by registry name, grid label or display label."""
+    if name in POLICY_COLOURS:
+        return POLICY_COLOURS[name]
+    for key, label in POLICY_LABELS.items():
+        if name == label:
+            return POLICY_COLOURS[key]
+    raise KeyError(f"no colour for policy {name!r}; known: {sorted(POLICY_COLOURS)} "
+                   f"or labels {sorted(POLICY_LABELS.values())}")
+
+
+def policy_scale(domain):
+    """An altair colour scale giving each policy in ``domain`` (names or labels, in legend order)
+    its book colour: ``alt.Color("policy:N", scale=policy_scale(order), sort=order)``."""
+    import altair as alt
+    domain = list(domain)
+    return alt.Scale(domain=domain, range=[policy_colour(d) for d in domain])
+
+
+def md(text: str):
+    """Display Markdown written from computed values (numbers in prose come from the data)."""
+    from IPython.display import Markdown, display
+    display(Markdown(text))

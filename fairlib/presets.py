@@ -23,16 +23,21 @@ SEED000_OUTPUT_DISTS = ("geometric", "lognormal", "constant")
 def spread_means(means, spread: float) -> np.ndarray:
     """Rescale ``means`` geometrically about their geometric mean ``g``:
     ``m_i' = g * (m_i / g) ** (ln(spread) / ln(max m / min m))``, so ``max m' / min m' = spread``,
-    the order is kept and the geometric mean is unchanged. ``spread`` >= 1."""
+    the order is kept and the geometric mean is unchanged (both to 12 significant digits, the
+    precision the result is rounded to). ``spread`` >= 1."""
     m = np.asarray(means, dtype=np.float64)
     if not (isinstance(spread, (int, float, np.integer, np.floating)) and not isinstance(spread, bool)
             and math.isfinite(spread) and spread >= 1):
         raise ValueError(f"spread must be a finite number >= 1 (max/min of the output means), got {spread!r}")
     if m.ndim != 1 or m.size < 2 or np.any(~np.isfinite(m)) or np.any(m <= 0) or m.max() == m.min():
         raise ValueError("spread_means: means must be >= 2 finite positive values, not all equal")
-    logm = np.log(m)
-    g = logm.mean()
-    return np.exp(g + (logm - g) * (math.log(spread) / (logm.max() - logm.min())))
+    # scalar libm calls, summed in a fixed order and rounded to 12 significant digits: numpy's
+    # vectorised exp/log differ in the last bit between processors, and these means set the
+    # workload of every grid run, which the book compares exactly across machines
+    logm = [math.log(float(x)) for x in m]
+    g = math.fsum(logm) / len(logm)
+    k = math.log(spread) / (max(logm) - min(logm))
+    return np.array([float(f"{math.exp(g + (lx - g) * k):.12g}") for lx in logm])
 
 
 def seed000(seed: int = 0, duration_s: float = 120.0, output_dist: str = "geometric",

@@ -14,7 +14,7 @@ import pandas as pd
 
 DATA_FILE = Path(__file__).resolve().parent.parent / "data" / "published_figures.toml"
 
-__all__ = ["figure", "figures", "source", "compare", "within", "DATA_FILE"]
+__all__ = ["figure", "figures", "source", "compare", "asserted", "within", "SHOWN", "DATA_FILE"]
 
 
 @lru_cache(maxsize=None)
@@ -54,16 +54,36 @@ def within(fid: str, computed) -> np.ndarray:
     return np.abs(c - p) <= bound + 1e-12
 
 
+#: The tolerance column's text for a figure that has no tolerance.
+SHOWN = "shown, not asserted"
+
+
 def compare(fid: str, computed, labels=None) -> pd.DataFrame:
-    """Published next to computed, with the difference and (when a tolerance exists) whether it holds."""
+    """Published next to computed, with the difference, the tolerance and whether it holds.
+
+    Columns: ``published``, ``computed``, ``difference`` (computed - published), ``basis``
+    (``"published"``, or ``"inferred"`` when the file marks the value as read from the source
+    rather than stated in it), ``tolerance`` (a number, or :data:`SHOWN` when the figure has none)
+    and ``within`` (bool; ``None`` where nothing is asserted). :func:`asserted` keeps the rows
+    that carry a tolerance."""
     f = figure(fid)
     p = np.atleast_1d(np.asarray(f["value"], float))
     c = np.atleast_1d(np.asarray(computed, float))
     if p.shape != c.shape:
         raise ValueError(f"{fid}: computed has shape {c.shape}, published {p.shape}")
     out = pd.DataFrame({"published": p, "computed": c, "difference": c - p}, index=labels)
+    out["basis"] = "inferred" if f.get("inferred", False) else "published"
     if f.get("tolerance") is not None:
         tol = f["tolerance"]
-        out["tolerance"] = tol["abs"] if "abs" in tol else tol["rel"] * np.abs(p)
-        out["within"] = within(fid, c.reshape(p.shape) if p.size > 1 else c[0])
+        out["tolerance"] = (tol["abs"] if "abs" in tol else tol["rel"] * np.abs(p)).astype(object)
+        out["within"] = pd.Series(within(fid, c.reshape(p.shape) if p.size > 1 else c[0]),
+                                  index=out.index, dtype=object)
+    else:
+        out["tolerance"] = SHOWN
+        out["within"] = None
     return out
+
+
+def asserted(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a :func:`compare` table (or a concatenation of them) that carry a tolerance."""
+    return table[table["tolerance"].map(lambda t: not isinstance(t, str))]

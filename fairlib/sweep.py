@@ -150,11 +150,13 @@ def _ratio(v: np.ndarray) -> float:
 
 
 def _jain(v: np.ndarray) -> float:
-    """Jain's index as fairlib.metrics.jain_index: (sum y)^2 / (n sum y^2), y scaled by its max."""
+    """Jain's index as fairlib.metrics.jain_index: (sum y)^2 / (n sum y^2), y scaled by its max.
+    Sums with ``math.fsum`` (exactly rounded, so the same bits on every CPU; ``np.dot`` goes
+    through BLAS, whose kernel and summation order depend on the processor)."""
     if v.size == 0 or not np.all(np.isfinite(v)) or v.max() == 0:
         return math.nan
-    y = v / v.max()
-    return float(y.sum() ** 2 / (y.size * np.dot(y, y)))
+    y = [float(x) for x in v / v.max()]
+    return math.fsum(y) ** 2 / (len(y) * math.fsum(x * x for x in y))
 
 
 def summarize(S, n: int, names: Sequence[str], counters: Optional[np.ndarray]) -> dict:
@@ -387,8 +389,10 @@ SEED000_SPREAD = max(_seed000_means()) / min(_seed000_means())
 #: Flood levels: one tenant's offered load times k, k = 1.0 .. 6.5 step 0.5.
 REFERENCE_FLOODS = tuple(1.0 + 0.5 * i for i in range(12))
 #: Output-length spreads (longest / shortest mean), geometric from 1 (all equal) to the seed's
-#: own 14.93 (the last is the seed's scenario exactly).
-REFERENCE_SPREADS = tuple(float(x) for x in np.geomspace(1.0, SEED000_SPREAD, 12))
+#: own 14.93 (the last is the seed's scenario exactly): ``S ** (i / 11)`` rounded to 12
+#: significant digits, so the grid is the same on every CPU (``np.geomspace`` uses numpy's SIMD
+#: ``exp``/``log``, whose last bit differs between AVX2 and AVX-512 processors).
+REFERENCE_SPREADS = tuple(float(f"{SEED000_SPREAD ** (i / 11):.12g}") for i in range(12))
 REFERENCE_SEEDS = tuple(range(12))
 #: The flooded tenant: the agent (index 3), which reproduces the published flood sweep (FCFS
 #: 1.17 -> 7.00, crossing VTC near k = 3.3) better than classify; see reference_grid().
