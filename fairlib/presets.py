@@ -23,8 +23,8 @@ SEED000_OUTPUT_DISTS = ("geometric", "lognormal", "constant")
 def spread_means(means, spread: float) -> np.ndarray:
     """Rescale ``means`` geometrically about their geometric mean ``g``:
     ``m_i' = g * (m_i / g) ** (ln(spread) / ln(max m / min m))``, so ``max m' / min m' = spread``,
-    the order is kept and the geometric mean is unchanged (both to 12 significant digits, the
-    precision the result is rounded to). ``spread`` >= 1."""
+    the order is kept and the geometric mean is unchanged (to about 1e-11 relative: each mean
+    is rounded to 12 significant digits). ``spread`` >= 1."""
     m = np.asarray(means, dtype=np.float64)
     if not (isinstance(spread, (int, float, np.integer, np.floating)) and not isinstance(spread, bool)
             and math.isfinite(spread) and spread >= 1):
@@ -48,8 +48,14 @@ def seed000(seed: int = 0, duration_s: float = 120.0, output_dist: str = "geomet
     """The seed-000 scenario (book chapters 1-4): four tenants on one replica.
 
     Engine: ``Engine(9.0, 0.55, 0.06, 24)`` (``SEED000_ENGINE``), i.e. ``dt = 9 + 0.55 B + 0.06 P``
-    ms with ``max_batch`` 24; the cost model is pinned by the three published exchange rates
-    ``(9 + 0.55 B) / (0.06 B)`` = 27.92, 15.42, 12.29 at B = 8, 24, 48.
+    ms with ``max_batch`` 24. The three exchange rates the blog post publishes,
+    ``(iter_base + iter_slope B) / (B prefill)`` = 27.92, 15.42, 12.29 at B = 8, 24, 48, fix only
+    the ratios ``iter_base / prefill = 150`` and ``iter_slope / prefill = 55/6`` (any engine
+    ``(150 s, 55/6 s, s)`` gives the same three rates); they do not fix the scale. The scale
+    ``prefill = 0.06`` ms per prompt token comes from elsewhere: the published decode-token
+    counts (93,932 and 92,864 in 120 s) point to a prefill of about 0.061, and the round 0.06 is
+    kept. The book's methods page derives every reconstructed parameter; chapter 1 computes the
+    two ratios from the published rates.
 
     Tenants ``classify, chat, summarise, agent``: identical prompts ``Constant(387)``; mean output
     lengths 23.7, 48.0, 177.0, 353.8 tokens (23.7 and 353.8 are published; 48 and 177 are
@@ -116,7 +122,7 @@ def rpm_capacity_per_tenant(scenario: Scenario, batch: Optional[int] = None) -> 
     """Requests per minute per tenant the machine can serve if every tenant sends the same number
     of its own mean requests: 60000 / sum_i cost_i, with
     cost_i = prefill_ms_per_token * mean prompt_i + mean output_i * (iter_base + iter_slope B) / B
-    at the nominal batch B (default max_batch). Seed 000: 60000 / 650.1 = 92.3."""
+    at the nominal batch B (default max_batch). Seed 000: 60000 / 650.2 = 92.3."""
     eng = scenario.engine
     total = sum(float(eng.request_cost_ms(t.prompt.mean, t.output.mean, batch)) for t in scenario.tenants)
     return 60000.0 / total

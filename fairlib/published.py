@@ -75,9 +75,10 @@ def compare(fid: str, computed, labels=None) -> pd.DataFrame:
     out["basis"] = "inferred" if f.get("inferred", False) else "published"
     if f.get("tolerance") is not None:
         tol = f["tolerance"]
-        out["tolerance"] = (tol["abs"] if "abs" in tol else tol["rel"] * np.abs(p)).astype(object)
-        out["within"] = pd.Series(within(fid, c.reshape(p.shape) if p.size > 1 else c[0]),
-                                  index=out.index, dtype=object)
+        out["tolerance"] = np.broadcast_to(tol["abs"] if "abs" in tol else tol["rel"] * np.abs(p),
+                                           p.shape).astype(object)
+        ok = np.atleast_1d(within(fid, c.reshape(p.shape) if p.size > 1 else c[0]))
+        out["within"] = pd.Series([bool(x) for x in ok], index=out.index, dtype=object)
     else:
         out["tolerance"] = SHOWN
         out["within"] = None

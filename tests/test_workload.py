@@ -248,10 +248,10 @@ def test_seed000_flood_and_output_dists():
 def test_spread_keeps_order_and_geometric_mean_and_hits_the_ratio(s):
     sc = seed000(spread=s)
     m = np.array([t.output.mean for t in sc.tenants])
-    # the means are rounded to 12 significant digits (portable across CPUs): ratios to 2e-12
-    assert math.isclose(m.max() / m.min(), s, rel_tol=2e-12)
+    # the means are rounded to 12 significant digits (portable across CPUs): each within 5e-13, ratios within 1e-11
+    assert math.isclose(m.max() / m.min(), s, rel_tol=1e-11)
     pub = np.array(SEED000_OUTPUT_MEANS)
-    assert math.isclose(np.exp(np.log(m).mean()), np.exp(np.log(pub).mean()), rel_tol=2e-12)
+    assert math.isclose(np.exp(np.log(m).mean()), np.exp(np.log(pub).mean()), rel_tol=1e-11)
     if s > 1:
         assert np.all(np.diff(m) > 0)
     np.testing.assert_allclose(sc.offered_ms_per_s(), 750.0, rtol=1e-12)
