@@ -14,16 +14,20 @@ from .metrics import jain_index, max_min_ratio
 from .simulate import simulate
 
 __all__ = ["policy_runs", "share_summary", "component_split", "grid_slice", "first_crossing", "azure_scenario",
-           "counter_shares"]
+           "counter_shares", "batch_summary", "window_shares"]
 
 
-def policy_runs(scenario_for_seed: Callable, policies: Mapping[str, tuple], seeds, horizon_ms=None) -> pd.DataFrame:
+def policy_runs(scenario_for_seed: Callable, policies: Mapping[str, tuple], seeds, horizon_ms=None, *,
+                batch_stats: bool = False) -> pd.DataFrame:
     """Simulate every (policy, seed); one row per (policy, seed, tenant).
 
     scenario_for_seed(seed) -> Scenario; policies: label -> (policy name, params dict).
     Columns: policy, seed, tenant, name, share, machine_ms, prefill_ms, decode_ms, decode_tokens,
     requests_admitted, requests_finished, requests_rejected, mean_output (the realised length of
-    the admitted requests), max_min, jain, busy_ms, decode_tokens_run, share_sum."""
+    the admitted requests), max_min, jain, busy_ms, decode_tokens_run, share_sum.
+    batch_stats: also ``iterations`` (the run's engine iterations), ``mean_batch`` (running
+    sequences per iteration, ``decode_tokens_run / iterations``: every running sequence emits one
+    token per iteration) and ``horizon_ms`` (for :func:`batch_summary`)."""
     rows = []
     for seed in seeds:
         sc = scenario_for_seed(seed)
@@ -40,6 +44,11 @@ def policy_runs(scenario_for_seed: Callable, policies: Mapping[str, tuple], seed
             ten["busy_ms"] = res.run["busy_ms"]
             ten["decode_tokens_run"] = res.run["decode_tokens"]
             ten["share_sum"] = ten["share"].sum()
+            if batch_stats:
+                it = res.run["iterations"]
+                ten["iterations"] = it
+                ten["mean_batch"] = res.run["decode_tokens"] / it if it else math.nan
+                ten["horizon_ms"] = h
             rows.append(ten)
     out = pd.concat(rows, ignore_index=True)
     first = ["policy", "seed", "tenant", "name"]
@@ -58,6 +67,38 @@ def share_summary(runs: pd.DataFrame, value: str = "share", scale: float = 100.0
     out["max/min"] = mm.mean().loc[order]
     out["max/min sd"] = mm.std(ddof=1).loc[order]
     return out.join(sd.loc[order, names].add_suffix(" sd"))
+
+
+def batch_summary(runs: pd.DataFrame, engine) -> pd.DataFrame:
+    """Per policy (rows in run order), over the seeds of :func:`policy_runs` run with
+    ``batch_stats=True``: ``mean batch`` (running sequences per iteration, mean over seeds) and its
+    ``mean batch sd``; ``exchange rate`` at that mean batch, ``engine.exchange_rate(B)`` =
+    ``(iter_base + iter_slope B) / (B prefill)``, the prompt tokens one decode token is worth; and
+    ``busy (%)``, the engine's busy time over the horizon (mean over seeds)."""
+    if "mean_batch" not in runs.columns:
+        raise ValueError("batch_summary: run policy_runs(..., batch_stats=True)")
+    per_run = runs.groupby(["policy", "seed"], sort=False)[["mean_batch", "busy_ms", "horizon_ms"]].first()
+    per_run["busy"] = 100.0 * per_run["busy_ms"] / per_run["horizon_ms"]
+    g = per_run.groupby("policy", sort=False)
+    out = pd.DataFrame({"mean batch": g["mean_batch"].mean(), "mean batch sd": g["mean_batch"].std(ddof=1)})
+    out["exchange rate"] = [float(engine.exchange_rate(b)) for b in out["mean batch"]]
+    out["busy (%)"] = g["busy"].mean()
+    return out.loc[list(dict.fromkeys(runs["policy"]))]
+
+
+def window_shares(scenario_for, windows_s: Sequence[float], seeds, policy: tuple = ("fcfs", {})) -> pd.DataFrame:
+    """Machine shares (%) of one policy run for several windows: ``scenario_for(seed, duration_s)``
+    -> Scenario, simulated until ``duration_s`` (the load window; requests still running are cut
+    there, as a live run's are). One row per window (``window (s)``), columns the tenants' mean
+    share over ``seeds``, ``max/min`` (mean of the runs' ratios) and each tenant's ``sd``."""
+    rows = []
+    for w in windows_s:
+        r = policy_runs(lambda s, w=w: scenario_for(s, float(w)), {f"{w:g}": policy}, seeds)
+        rows.append(share_summary(r))
+    out = pd.concat(rows)
+    out.index = pd.Index([float(w) for w in windows_s], name="window (s)")
+    out.columns.name = None
+    return out
 
 
 def component_split(runs: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -220,3 +261,100 @@ def counter_shares(engine, prompt_tokens, output_tokens, wp: float = 1.0, wq: fl
         raise ValueError("counter_shares: every tenant's request must have a positive price")
     ratio = np.asarray(engine.request_cost_ms(prompt, output, batch), dtype=np.float64) / price
     return ratio / ratio.sum()
+
+
+# --- chapters 2 and 3: the quota's gap, VTC's counters, paired differences --------------------
+__all__ += ["quota_decomposition", "gap_parts", "vtc_counters", "paired_difference", "shown"]
+
+#: The four rows of :func:`quota_decomposition`'s second table, in order.
+QUOTA_STEPS = ("predicted: equal counts x nominal cost", "equal counts x realised cost",
+               "realised counts x nominal cost", "measured: realised counts x realised cost")
+
+
+def quota_decomposition(runs: pd.DataFrame, policy: str, nominal_cost) -> tuple:
+    """Why an equal request quota's measured split differs from ``cost_i / sum_j cost_j``.
+
+    ``runs``: :func:`policy_runs` rows; ``policy``: the quota's label there; ``nominal_cost``:
+    the cost (ms) of each tenant's mean request at the engine's batch, a Series by tenant name.
+    Counts and machine time are means over the seeds. Returns two tables:
+
+    - per tenant: ``admitted`` and ``finished`` requests, ``drawn output`` (mean output length of
+      the admitted requests), ``decoded per admitted`` (tokens emitted / admitted: less when
+      requests are still decoding at the end), ``nominal ms``, ``realised ms`` (machine time /
+      admitted) and ``realised vs nominal (%)``;
+    - per step (:data:`QUOTA_STEPS`): the shares (%) and ``max/min`` with the counts equal or as
+      admitted, and the cost of a request nominal or realised (``count x cost`` normalised)."""
+    q = runs[runs["policy"] == policy]
+    if q.empty:
+        raise ValueError(f"quota_decomposition: no runs of policy {policy!r}")
+    names = list(dict.fromkeys(q["name"]))
+    g = q.groupby("name", sort=False)
+    count = g["requests_admitted"].mean().loc[names]
+    machine = g["machine_ms"].mean().loc[names]
+    nominal = pd.Series(nominal_cost, dtype=float).loc[names]
+    realised = machine / count
+    tenants = pd.DataFrame({
+        "admitted": count, "finished": g["requests_finished"].mean().loc[names],
+        "drawn output": g["mean_output"].mean().loc[names],
+        "decoded per admitted": g["decode_tokens"].mean().loc[names] / count,
+        "nominal ms": nominal, "realised ms": realised,
+        "realised vs nominal (%)": (realised / nominal - 1.0) * 100.0})
+    equal = pd.Series(1.0, index=names)
+    rows = {}
+    for step, (n, c) in zip(QUOTA_STEPS, [(equal, nominal), (equal, realised),
+                                          (count, nominal), (count, realised)]):
+        m = n * c
+        rows[step] = list(m / m.sum() * 100.0) + [float(m.max() / m.min())]
+    steps = pd.DataFrame.from_dict(rows, orient="index", columns=names + ["max/min"])
+    return tenants.rename_axis("tenant"), steps.rename_axis("step")
+
+
+def gap_parts(steps: pd.DataFrame) -> pd.Series:
+    """Split the gap between the predicted and the measured max/min of
+    :func:`quota_decomposition` into the part of the cost and the part of the count: each the
+    mean of its effect taken first and taken second (the two parts add up to the gap)."""
+    p, c, n, m = (float(steps.loc[s, "max/min"]) for s in QUOTA_STEPS)
+    cost = ((p - c) + (n - m)) / 2.0
+    count = ((p - n) + (c - m)) / 2.0
+    return pd.Series({"gap": p - m, "cost": cost, "count": count,
+                      "cost (% of gap)": cost / (p - m) * 100.0,
+                      "count (% of gap)": count / (p - m) * 100.0})
+
+
+def vtc_counters(scenario_for_seed: Callable, seeds, params: Optional[Mapping] = None,
+                 policy: str = "vtc") -> pd.DataFrame:
+    """A counter policy's own per-tenant counters at the end of each run (priced tokens for VTC:
+    ``wp`` per prompt token admitted, ``wq`` per output token, lifts included). One row per seed:
+    the tenants' counters, ``max/min`` and ``max - min``."""
+    rows = {}
+    for seed in seeds:
+        sc = scenario_for_seed(seed)
+        res = simulate(sc.requests(seed), sc.engine, policy, sc.duration_s * 1000.0,
+                       tenant_names=list(sc.tenant_names), **dict(params or {}))
+        if res.counters is None:
+            raise ValueError(f"vtc_counters: policy {policy!r} keeps no counters")
+        c = np.asarray(res.counters, dtype=np.float64)
+        rows[seed] = list(c) + [float(c.max() / c.min()), float(c.max() - c.min())]
+    cols = list(scenario_for_seed(next(iter(seeds))).tenant_names) + ["max/min", "max - min"]
+    return pd.DataFrame.from_dict(rows, orient="index", columns=cols).rename_axis("seed")
+
+
+def paired_difference(a: pd.Series, b: pd.Series) -> pd.Series:
+    """``a - b`` over paired runs (same index, e.g. seeds): mean, standard deviation, standard
+    error of the mean, min, max, how many runs have ``a > b`` and how many runs there are."""
+    d = (a - b).dropna()
+    n = int(d.size)
+    sd = float(d.std(ddof=1)) if n > 1 else math.nan
+    return pd.Series({"mean": math.fsum(d) / n, "sd": sd, "se": sd / math.sqrt(n),
+                      "min": float(d.min()), "max": float(d.max()),
+                      "a > b": int((d > 0).sum()), "runs": n})
+
+
+def shown(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """A comparison table (:func:`fairlib.published.compare`) rounded for display: numeric columns
+    and the numbers in the ``tolerance`` column (which also holds text) to ``digits``."""
+    out = table.round(digits)
+    if "tolerance" in out.columns:
+        out["tolerance"] = out["tolerance"].map(
+            lambda t: t if isinstance(t, str) else round(float(t), digits)).astype(object)
+    return out
