@@ -4,6 +4,7 @@
     fairlib run      --scenario noisy_neighbor --endpoint http://127.0.0.1:8000/v1 --seed 0 --out runs/nn/s0
     fairlib simulate --scenario noisy_neighbor --seed 0 --out runs/nn-sim/s0
     fairlib probe    --endpoint http://127.0.0.1:8000/v1 --out probe.json
+    fairlib fit      --endpoint http://127.0.0.1:8000/v1 --max-batch 16 --out runs/fits/vllm.json
     fairlib analyze  RUN_DIR ... (fairlib.analyze)
 
 ``serve`` is a test double (the engine model in real time, fairlib.serve), never an engine.
@@ -11,12 +12,16 @@
 (fairlib.client.run); ``simulate`` writes the same run-directory shape from the simulator
 (fairlib.records), so ``analyze`` reads both the same way. Load: a scenario file states ``rho``
 (offered load relative to capacity); ``--rho`` replaces it, ``--rate-scale`` multiplies it, and
-``--capacity-file`` (a ``fairlib probe`` result) makes it relative to the probed engine.
+``--capacity-file`` (a ``fairlib probe`` or ``fairlib fit`` result) makes it relative to the probed engine.
+``fit`` fits the cost model of any endpoint in the format of ``fairlib.fit`` (what chapters 1 and 8
+read as ``fit_file``), with the endpoint's identity; ``probe`` is the quicker one-context sweep.
 """
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -91,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="fairlib", description=__doc__.split("\n\n")[0].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{serve,run,simulate,probe,analyze}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{serve,run,simulate,probe,fit,analyze}")
 
     s = sub.add_parser("serve", help="an OpenAI-compatible test double timed by the engine model (not an engine)",
                        description="Serve the engine model in real time over HTTP (vLLM's wire format). A test "
@@ -138,6 +143,32 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--send-min-tokens", action="store_true")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--quiet", action="store_true")
+
+    f = sub.add_parser("fit", help="fit the cost model of any endpoint (the fit format chapters 1 and 8 read)",
+                       description="Measure an endpoint (vLLM, llama.cpp's server, any OpenAI-compatible server) "
+                                   "and fit the engine model's cost model to it: the decode step against the running "
+                                   "batch at several contexts, and the prefill cost. Writes the format of "
+                                   "fairlib.fit (fit.load_fit / load_engine / engine_at), with the endpoint's "
+                                   "identity (URL, model, server kind and version, batch limit, context window), "
+                                   "the client machine and the date. Pass the file to a chapter as fit_file.")
+    f.add_argument("--endpoint", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
+    f.add_argument("--model", help="model name (default: the first the endpoint lists)")
+    f.add_argument("--kind", choices=("vllm", "llamacpp", "openai"),
+                   help="the server (default: what it says: llama.cpp's GET /props, vLLM's GET /version; else openai)")
+    f.add_argument("--max-batch", type=int,
+                   help="the batch limit (vLLM: its --max-num-seqs; llama.cpp and fairlib serve tell theirs)")
+    f.add_argument("--out", required=True, help="where to write the fit (JSON)")
+    f.add_argument("--api", choices=("completions", "chat"), default="completions")
+    f.add_argument("--tokenizer", default="whitespace",
+                   help="'whitespace' (prompts of N words; the server's own counts are recorded) or a tokenizer")
+    f.add_argument("--batches", help="batch sizes of the decode sweep (default: 1,2,4,8 and 1/4..4/4 of max-batch)")
+    f.add_argument("--prompt-tokens", help="prompt lengths of the decode sweep, its contexts (default 32,320,768)")
+    f.add_argument("--decode-tokens", type=int, help="output tokens per stream in the decode sweep (default 64)")
+    f.add_argument("--prefill-lengths", help="prompt lengths of the prefill fit (default 16,64,...,768)")
+    f.add_argument("--repeats", type=int, help="repeats of the decode sweep (default 2)")
+    f.add_argument("--prefill-repeats", type=int, help="repeats of each prefill length (default 3)")
+    f.add_argument("--note", default="", help="a note kept in the file")
+    f.add_argument("--quiet", action="store_true", help="no progress lines")
 
     sub.add_parser("analyze", help="report on run directories (fairlib.analyze; 'fairlib analyze -h')",
                    add_help=False)
@@ -212,8 +243,10 @@ def _ints(text: str, name: str) -> list:
 
 def cmd_probe(a) -> int:
     from .client import EndpointConfig
+    from .fit import normalise_url
     from .probe import probe
 
+    a.endpoint = normalise_url(a.endpoint)
     model = a.model or _resolve_model(a.endpoint)
     cfg = EndpointConfig(base_url=a.endpoint, model=model, api=a.api, ignore_eos=a.ignore_eos,
                          send_min_tokens=a.send_min_tokens)
@@ -227,6 +260,63 @@ def cmd_probe(a) -> int:
           f"(R^2 {r2(f['decode']['r2'])}) + {e['prefill_ms_per_token']:.5f} P ms (R^2 {r2(f['prefill']['r2'])}); "
           f"max_batch {e['max_batch']}{' (lower bound)' if c['max_batch_is_lower_bound'] else ''}; "
           f"capacity {c['output_tokens_per_s']:.1f} output tokens/s -> {a.out}")
+    return 0
+
+
+def _fit_settings(a) -> dict:
+    out = {}
+    for name in ("batches", "prompt_tokens", "prefill_lengths"):
+        v = getattr(a, name)
+        if v is not None:
+            out[name] = tuple(_ints(v, "--" + name.replace("_", "-")))
+            if not out[name] or min(out[name]) < 1:
+                raise SystemExit(f"fairlib fit: --{name.replace('_', '-')} takes integers >= 1, got {v!r}")
+    for name in ("decode_tokens", "repeats", "prefill_repeats"):
+        v = getattr(a, name)
+        if v is not None:
+            if v < 1 or (name == "decode_tokens" and v < 8):
+                raise SystemExit(f"fairlib fit: --{name.replace('_', '-')} {v} is too small")
+            out[name] = v
+    return out
+
+
+def cmd_fit(a) -> int:
+    """``fairlib fit``: stops on Ctrl-C or SIGTERM with one line (nothing written), exit 130 / 143."""
+    from . import fit as fitmod
+
+    settings = _fit_settings(a)
+    tok = load_tokenizer(a.tokenizer)
+    got = {}
+
+    def on_term(signum, frame):   # SIGTERM takes SIGINT's path (asyncio cancels the sweep cleanly)
+        got["signal"] = "SIGTERM"
+        signal.raise_signal(signal.SIGINT)
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    t0 = time.monotonic()
+    try:
+        eng = fitmod.endpoint_engine(a.endpoint, model=a.model, kind=a.kind, max_batch=a.max_batch,
+                                     tokenizer=tok, api=a.api)
+        if not a.quiet:
+            i = eng.info()
+            print(f"fairlib fit: {i['engine']} at {eng.base_url}, model {eng.model!r}, max_batch "
+                  f"{eng.settings['max_num_seqs']} ({eng.settings['max_num_seqs_source']})", flush=True)
+        res = fitmod.fit_engine(eng, max_batch=eng.settings["max_num_seqs"], out=a.out, verbose=not a.quiet,
+                                note=a.note, **settings)
+    except KeyboardInterrupt:
+        sig = got.get("signal", "SIGINT")
+        print(f"fairlib fit: interrupted by {sig} after {time.monotonic() - t0:.0f} s; nothing written to {a.out}",
+              file=sys.stderr, flush=True)
+        return 143 if sig == "SIGTERM" else 130
+    except (ValueError, RuntimeError, OSError) as e:
+        raise SystemExit(f"fairlib fit: {' '.join(str(e).split())}") from None
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    s = res["fit"]["summary"]
+    r2 = (lambda v: "-" if v is None else f"{v:.3f}")
+    print(f"fairlib fit: dt = {s['iter_base_ms']:.3f} + ({s['slope_0_ms']:.4f} + {s['slope_ctx_ms_per_1k_tokens']:.4f} "
+          f"ctx/1000) B ms (R^2 {r2(s['decode_r2'])}), prefill {s['prefill_ms_per_token']:.5f} ms/token "
+          f"(R^2 {r2(s['prefill_r2'])}), max_batch {s['max_batch']}; {res['duration_s']:.0f} s -> {a.out}")
     return 0
 
 
@@ -253,6 +343,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return cmd_simulate(a)
         if a.cmd == "probe":
             return cmd_probe(a)
+        if a.cmd == "fit":
+            return cmd_fit(a)
     except ValueError as e:  # invalid scenario files, parameters: one line, no traceback
         raise SystemExit(f"fairlib {a.cmd}: {e}") from None
     raise SystemExit(f"unknown command {a.cmd!r}")

@@ -41,6 +41,22 @@ shape, the machine, the date, the fit quality and every raw point.
         result = fit.fit_engine(eng, out="data/engines/llamacpp.json")
     engine = fit.load_engine("data/engines/llamacpp.json")            # at the reference context
     engine = fit.engine_at("data/engines/llamacpp.json", context=600)  # at another one
+
+**An endpoint started elsewhere** (a GPU server, any machine): :func:`fit_endpoint` (on the command
+line ``fairlib fit --endpoint URL [--model M] [--kind vllm|llamacpp|openai] [--max-batch N] --out
+FILE``) measures it through :class:`EndpointEngine`, an adapter with what :func:`fit_engine` reads
+of a started engine, and writes the same format, with the endpoint's identity in ``engine_info``
+(:func:`server_identity`: base URL, the model and its ``root`` from ``GET /v1/models``, the server
+kind and version from llama.cpp's ``GET /props`` or vLLM's ``GET /version``, the batch limit and
+context window where the server tells them) and the client host in ``machine``. Prompts are words
+unless a tokenizer is given; the decode context is then the server's own prompt count
+(``usage.prompt_tokens``). With ``backend="http"`` a chapter calls :func:`fit_for_endpoint`, which
+returns the fit only when it was made for the engine behind the endpoint (kind, model, server
+version; and for the committed default, the same endpoint or machine) and otherwise refuses with
+the command that fits it.
+
+    fit.fit_endpoint("http://gpu:8000/v1", max_batch=16, out="runs/fits/vllm.json")
+    d = fit.fit_for_endpoint("runs/fits/vllm.json", "http://gpu:8000/v1", engine_kind="vllm")
 """
 from __future__ import annotations
 
@@ -49,6 +65,7 @@ import json
 import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -59,7 +76,9 @@ from .probe import _run, decode_point, linear_fit, load_engine as _probe_load_en
 
 __all__ = ["FIT_VERSION", "DEFAULTS", "ENGINE_FLAGS", "REFERENCE_CONTEXT", "start", "fit_engine", "measure", "fit_decode",
            "fit_decode_one", "fit_prefill", "piecewise_fit", "engine_at", "mean_decode_context", "load_engine",
-           "load_fit", "machine_info", "data_path", "summary_table"]
+           "load_fit", "machine_info", "data_path", "summary_table", "KINDS", "server_identity", "EndpointEngine",
+           "endpoint_engine", "fit_endpoint", "fit_for_endpoint", "fit_command", "batches_for",
+           "normalise_url"]
 
 FIT_VERSION = 1
 
@@ -73,6 +92,10 @@ DEFAULTS = {
     "fairlib": dict(batches=(1, 2, 4, 8, 12, 16), decode_tokens=48, prompt_tokens=(16, 256),
                     prefill_lengths=(16, 256, 512, 1024), repeats=1, prefill_repeats=2),
 }
+DEFAULTS["openai"] = dict(DEFAULTS["vllm"])   # any other OpenAI-compatible server: vLLM's sweep
+#: The server kinds a fit records: ``fairlib`` is ``fairlib serve`` (a test double), ``openai`` any
+#: other OpenAI-compatible server (no kind-specific request settings or server-side figures).
+KINDS = ("vllm", "llamacpp", "fairlib", "openai")
 #: How the book starts each engine (``fairlib.engines.start_engine`` flags) for fits and scenarios.
 #: vLLM: one OpenMP thread (``omp_threads_bind="0"``): with two, its threads spin-wait against the
 #: client and the API server on the two cores and the iteration time turns bimodal (5 or 12 ms).
@@ -133,7 +156,11 @@ def machine_info() -> dict:
 
 
 def _engine_info(eng) -> dict:
-    """Kind, version, flags and the model's shape of an ``EngineProcess``."""
+    """Kind, version, flags, the model's shape and the server's identity of the engine fitted: an
+    ``EngineProcess`` (``fairlib.engines``) or an :class:`EndpointEngine` (an endpoint started
+    elsewhere, :func:`endpoint_engine`)."""
+    if isinstance(eng, EndpointEngine):
+        return eng.info()
     from .client.env import fetch_json
     info = {"kind": eng.kind, "base_url": eng.base_url, "model": eng.model, "command": list(eng.command),
             "settings": dict(eng.settings)}
@@ -158,7 +185,371 @@ def _engine_info(eng) -> dict:
             m = json.loads(meta.read_text())
             info["model_shape"] = {"name": m.get("name"), **(m.get("params") or {}), "n_params": m.get("n_params")}
         info["model_path"] = str(mp)
+    # what the server says about itself, as fit_for_endpoint reads it
+    ident = server_identity(eng.base_url, eng.model)
+    if info["version"] is None and ident["version"] is not None and ident["kind"] == eng.kind:
+        info["version"] = ident["version"]
+    for k in ("model_root", "max_model_len", "server"):
+        info[k] = ident[k]
+    info["max_num_seqs"] = eng.settings.get("max_num_seqs") or eng.settings.get("n_parallel")
+    info["host"], info["local"] = ident["host"], _is_loopback(ident["host"])
+    info["fitted_with"] = "fairlib.fit.fit_engine on an engine started by fairlib.engines"
     return info
+
+
+# --- an endpoint started elsewhere -----------------------------------------------------------------
+#: Request settings per server kind (as ``fairlib.fidelity.endpoint_config`` sends them in the
+#: chapters): vLLM returns the token ids (exact token counts), llama.cpp keeps no prompt cache.
+EXTRA_BODY = {"vllm": {"return_token_ids": True}, "llamacpp": {"cache_prompt": False}}
+
+
+def _host(url) -> Optional[str]:
+    from urllib.parse import urlsplit
+    try:
+        return urlsplit(str(url)).hostname
+    except ValueError:
+        return None
+
+
+def _is_loopback(host) -> bool:
+    import ipaddress
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def normalise_url(url) -> str:
+    """The endpoint's OpenAI base URL (``http(s)://HOST[:PORT]/v1``; ``/v1`` added to a bare
+    server URL); ``ValueError`` with a one-line reason for anything else."""
+    from urllib.parse import urlsplit
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError("no endpoint URL given: pass http://HOST:PORT/v1")
+    u = url.strip()
+    try:
+        parts = urlsplit(u)
+        parts.port                                      # raises on a bad port
+    except ValueError as e:
+        raise ValueError(f"{u!r} is not an endpoint URL ({e}): pass http://HOST:PORT/v1") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ValueError(f"{u!r} is not an endpoint URL: pass http://HOST:PORT/v1")
+    path = parts.path.rstrip("/") or "/v1"
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+def server_identity(base_url: str, model: Optional[str] = None) -> dict:
+    """What an endpoint says about itself (never raises): the models it lists (``GET /v1/models``;
+    ``model``: the one asked for, default the first listed) with their ``root`` and
+    ``max_model_len``, its kind and version (llama.cpp: ``GET /props`` ``build_info``, with
+    ``total_slots`` as the batch limit and the per-slot ``n_ctx``; vLLM: ``GET /version``;
+    ``fairlib serve``: ``GET /version`` "fairlib-serve ..." and ``max_batch`` from
+    ``/fairlib/stats``; ``kind`` None when it tells nothing), and its ``Server`` header.
+    ``reachable``: it answered HTTP at all; ``error``: why ``/v1/models`` failed."""
+    from .client.env import fetch_json
+    base = str(base_url).rstrip("/")
+    root = base[:-3] if base.endswith("/v1") else base
+    out = {"base_url": base, "server_root": root, "host": _host(base), "reachable": False, "error": None,
+           "models": None, "model": model, "model_root": None, "kind": None, "version": None, "server": None,
+           "max_model_len": None, "max_num_seqs": None, "max_num_seqs_source": None}
+    m = fetch_json(base + "/models")
+    if "error" in m:
+        out["error"] = f"GET {base}/models: {m['error']}"
+        if not str(m["error"]).startswith("HTTP "):     # nothing answered: ask no more
+            return out
+    out["reachable"] = True
+    out["server"] = m.get("server")
+    body = m.get("body")
+    data = body.get("data") if isinstance(body, dict) else None
+    if isinstance(data, list):
+        out["models"] = [str(x["id"]) for x in data if isinstance(x, dict) and x.get("id") is not None]
+        if model is None and out["models"]:
+            out["model"] = out["models"][0]
+        entry = next((x for x in data if isinstance(x, dict) and str(x.get("id")) == out["model"]), None)
+        if entry is not None:
+            if isinstance(entry.get("root"), str):
+                out["model_root"] = entry["root"]
+            if isinstance(entry.get("max_model_len"), int):
+                out["max_model_len"] = entry["max_model_len"]
+    elif "error" not in m:
+        out["error"] = f"GET {base}/models: no model list in the answer"
+    props = fetch_json(root + "/props")
+    pb = props.get("body")
+    if isinstance(pb, dict) and "build_info" in pb:
+        out.update(kind="llamacpp", version=pb.get("build_info"))
+        if isinstance(pb.get("total_slots"), int):
+            out.update(max_num_seqs=pb["total_slots"], max_num_seqs_source="GET /props total_slots")
+        n_ctx = (pb.get("default_generation_settings") or {}).get("n_ctx")
+        if out["max_model_len"] is None and isinstance(n_ctx, int):
+            out["max_model_len"] = n_ctx                 # the context of one slot
+        return out
+    v = fetch_json(root + "/version")
+    vb = v.get("body")
+    if isinstance(vb, dict) and isinstance(vb.get("version"), str):
+        if vb["version"].startswith("fairlib-serve"):
+            out.update(kind="fairlib", version=vb["version"])
+            st = fetch_json(root + "/fairlib/stats")
+            cfg = (st.get("body") or {}).get("config") if isinstance(st.get("body"), dict) else None
+            mb = ((cfg or {}).get("engine") or {}).get("max_batch")
+            if isinstance(mb, int):
+                out.update(max_num_seqs=mb, max_num_seqs_source="GET /fairlib/stats config.engine.max_batch")
+        else:
+            out.update(kind="vllm", version=vb["version"])
+    return out
+
+
+def _engine_label(kind: str, version, server=None) -> str:
+    if kind == "vllm":
+        return f"vLLM {version}" if version else "vLLM"
+    if kind == "llamacpp":
+        return f"llama.cpp llama-server {version}" if version else "llama.cpp llama-server"
+    if kind == "fairlib":
+        return f"{version or 'fairlib serve'} (a test double: the engine model in real time, not an engine)"
+    return "an OpenAI-compatible server" + (f" ({server})" if server else "")
+
+
+@dataclass
+class EndpointEngine:
+    """An endpoint started elsewhere (any machine), with what :func:`fit_engine` reads of a started
+    engine: ``kind``, ``base_url``, ``model``, ``settings`` (``max_num_seqs``: the batch limit),
+    ``tokenizer()``, ``endpoint_config()``, ``server_root``; ``identity`` is
+    :func:`server_identity`'s answer. Made by :func:`endpoint_engine`."""
+
+    kind: str
+    base_url: str
+    model: str
+    settings: dict
+    identity: dict
+    api: str = "completions"
+    tokenizer_obj: object = None
+    command: tuple = ()
+    model_path: Optional[Path] = None
+
+    @property
+    def server_root(self) -> str:
+        root = self.base_url.rstrip("/")
+        return root[:-3] if root.endswith("/v1") else root
+
+    @property
+    def metrics_url(self) -> str:
+        return self.server_root + "/metrics"
+
+    def tokenizer(self):
+        return self.tokenizer_obj
+
+    def endpoint_config(self, **overrides):
+        from .client import EndpointConfig
+        kw = dict(base_url=self.base_url, model=self.model, api=self.api, ignore_eos=True, send_priority=False,
+                  extra_body=dict(EXTRA_BODY.get(self.kind, {})), metrics_url=self.metrics_url)
+        kw.update(overrides)
+        return EndpointConfig(**kw)
+
+    def info(self) -> dict:
+        i = self.identity
+        return {"kind": self.kind, "engine": _engine_label(self.kind, i["version"], i["server"]),
+                "version": i["version"], "base_url": self.base_url, "server_root": self.server_root,
+                "host": i["host"], "local": _is_loopback(i["host"]), "model": self.model, "models": i["models"],
+                "model_root": i["model_root"], "max_model_len": i["max_model_len"],
+                "max_num_seqs": self.settings["max_num_seqs"],
+                "max_num_seqs_source": self.settings["max_num_seqs_source"],
+                "kind_source": self.settings["kind_source"], "server": i["server"], "api": self.api,
+                "command": None, "settings": dict(self.settings),
+                "tokenizer": "given" if self.tokenizer_obj is not None else "none (prompts of N words)",
+                "fitted_with": "fairlib fit --endpoint (fairlib.fit.fit_endpoint)",
+                "machine_note": "'machine' is the client host the fit ran on; the engine runs behind base_url"}
+
+
+def endpoint_engine(base_url: str, *, model: Optional[str] = None, kind: Optional[str] = None,
+                    max_batch: Optional[int] = None, tokenizer=None, api: str = "completions") -> EndpointEngine:
+    """An :class:`EndpointEngine` for the endpoint at ``base_url``; ``ValueError`` (one line) when
+    the URL is not one, nothing answers, the model is not served, ``kind`` contradicts what the
+    server says, or the batch limit is unknown (``max_batch``: vLLM's ``--max-num-seqs``;
+    llama.cpp and ``fairlib serve`` tell theirs)."""
+    base = normalise_url(base_url)
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"kind {kind!r}: one of {', '.join(KINDS)}")
+    ident = server_identity(base, model)
+    if not ident["reachable"]:
+        raise ValueError(f"{base} does not answer ({ident['error']}): is the server up, and is this its "
+                         "OpenAI base URL (http://HOST:PORT/v1)?")
+    if not ident["models"]:
+        raise ValueError(f"{base}/models lists no model ({ident['error'] or 'an empty list'}): is this the "
+                         "OpenAI base URL (http://HOST:PORT/v1)?")
+    if model is not None and model not in ident["models"]:
+        raise ValueError(f"{base} serves {', '.join(map(repr, ident['models']))}, not {model!r}")
+    detected = ident["kind"]
+    if kind is not None and detected is not None and kind not in (detected, "openai"):
+        raise ValueError(f"kind {kind!r}, but {base} says it is {detected} {ident['version'] or ''}".rstrip()
+                         + f" (GET {'/props' if detected == 'llamacpp' else '/version'}): leave the kind out (it is"
+                         " read from the server) or pass openai")
+    use = kind or detected or "openai"
+    told = ident["max_num_seqs"]
+    if max_batch is not None:
+        max_batch = int(max_batch)
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if told is not None and max_batch > told:
+            raise ValueError(f"max_batch {max_batch}, but {base} runs at most {told} sequences at once "
+                             f"({ident['max_num_seqs_source']})")
+        source = "given (--max-batch)"
+    else:
+        if told is None:
+            raise ValueError(f"{base} ({_engine_label(use, ident['version'], ident['server'])}) does not say how "
+                             "many sequences it runs at once: pass --max-batch N (vLLM: its --max-num-seqs)")
+        max_batch, source = told, ident["max_num_seqs_source"]
+    settings = {"max_num_seqs": max_batch, "max_num_seqs_source": source,
+                "max_num_seqs_server": told, "max_model_len": ident["max_model_len"],
+                "kind_source": "given" if kind else ("GET /props" if detected == "llamacpp" else
+                                                     "GET /version" if detected else "default (openai)")}
+    return EndpointEngine(kind=use, base_url=base, model=ident["model"], settings=settings, identity=ident,
+                          api=api, tokenizer_obj=tokenizer)
+
+
+def fit_endpoint(base_url: str, *, model: Optional[str] = None, kind: Optional[str] = None,
+                 max_batch: Optional[int] = None, tokenizer=None, api: str = "completions", out=None,
+                 verbose: bool = False, note: str = "", **settings) -> dict:
+    """Measure and fit the endpoint at ``base_url`` (started elsewhere, any machine): the
+    :func:`fit_engine` result, in the same format (``load_fit``, ``load_engine``, ``engine_at``
+    read it), with the endpoint's identity in ``engine_info`` (:meth:`EndpointEngine.info`) and the
+    client host in ``machine``. ``settings`` override :data:`DEFAULTS` of the kind
+    (``fairlib fit --endpoint URL`` on the command line)."""
+    eng = endpoint_engine(base_url, model=model, kind=kind, max_batch=max_batch, tokenizer=tokenizer, api=api)
+    return fit_engine(eng, max_batch=eng.settings["max_num_seqs"], out=out, verbose=verbose, note=note, **settings)
+
+
+def fit_command(endpoint: str, *, kind: Optional[str] = None, model: Optional[str] = None,
+                max_batch: Optional[int] = None, out: Optional[str] = None) -> str:
+    """The one command that fits ``endpoint`` (what a refusal tells the reader to run)."""
+    import shlex
+    parts = ["fairlib", "fit", "--endpoint", str(endpoint)]
+    if model:
+        parts += ["--model", str(model)]
+    if kind:
+        parts += ["--kind", str(kind)]
+    if max_batch:
+        parts += ["--max-batch", str(max_batch)]
+    parts += ["--out", out or f"runs/fits/{kind or 'engine'}.json"]
+    cmd = " ".join(shlex.quote(p) for p in parts)
+    if not max_batch:    # the server does not tell it (vLLM): the reader does
+        cmd = cmd.replace(" --out ", " --max-batch N --out ", 1) + "    # N: the server's --max-num-seqs"
+    return cmd
+
+
+#: The fields of ``machine`` that must agree for a fit of an engine on this machine to describe it.
+MACHINE_KEYS = ("cpu_model", "cores", "machine")
+
+
+def _machine_text(m: dict) -> str:
+    return f"{m.get('cpu_model') or '?'} ({m.get('cores') or '?'} cores, {m.get('machine') or '?'})"
+
+
+def _describe_fit(d: dict) -> str:
+    """What a fit was made for, as a sentence's predicate."""
+    fi = d.get("engine_info") or {}
+    where = f"at {fi.get('base_url')}" if fi.get("base_url") else "at an unrecorded URL"
+    return (f"was made for {fi.get('engine') or d.get('engine_kind')} [kind {d.get('engine_kind') or fi.get('kind')}, "
+            f"version {fi.get('version')}] serving {fi.get('model')!r} {where}, on "
+            f"{_machine_text(d.get('machine') or {})}, {d.get('date')}")
+
+
+def _describe_endpoint(ident: dict) -> str:
+    """What an endpoint is, as a sentence's predicate."""
+    served = ", ".join(map(repr, ident["models"] or [])) or "no model list"
+    label = _engine_label(ident["kind"] or "openai", ident["version"], ident["server"])
+    return (f"is {label} [kind {ident['kind'] or 'not told'}, version {ident['version'] or 'not told'}] serving "
+            f"{served}, seen from {_machine_text(machine_info())}")
+
+
+def fit_for_endpoint(fit_file, endpoint: str, engine_kind: Optional[str] = None,
+                     model: Optional[str] = None) -> dict:
+    """The fit to use with ``backend="http"``: loads ``fit_file`` (``None``: the committed
+    ``data/engines/<engine_kind>.json``, the kind defaulting to what the endpoint says it is) and
+    returns it when it describes the engine behind ``endpoint``; otherwise ``ValueError`` naming the
+    fit file, what it was made for, what the endpoint is, and the one command that fits it.
+
+    Refused when (the endpoint asked with :func:`server_identity`):
+
+    - the fit's engine kind differs from ``engine_kind`` or from the kind the server says it is
+      (a fit of kind ``openai`` is checked against ``engine_kind`` only);
+    - the fit's model differs from the model the chapter sends (``model``, default the first the
+      endpoint lists), or, both recorded, the model's ``root`` (its checkpoint) differs;
+    - the fit's server version differs from the endpoint's (either one recorded);
+    - ``fit_file`` is None and the committed fit was made for another endpoint or machine: a fit of
+      an engine on the loopback interface describes only an engine on this machine's loopback,
+      and only when this machine is the one it was made on (``MACHINE_KEYS`` of ``machine``); a
+      fit of a remote endpoint, only that endpoint (same server root).
+
+    A fit given as ``fit_file`` is trusted for the machine (a fresh fit of a local engine passes
+    against its own endpoint); an endpoint that does not answer is refused too."""
+    base = normalise_url(endpoint)
+    ident = server_identity(base, model)
+    if not ident["reachable"]:
+        raise ValueError(f"backend='http': the endpoint {base} does not answer ({ident['error']}); start it, or "
+                         "fix `endpoint` (the OpenAI base URL, http://HOST:PORT/v1)")
+    if engine_kind is not None and engine_kind not in KINDS:
+        raise ValueError(f"engine_kind {engine_kind!r}: one of {', '.join(KINDS)}")
+    kind = engine_kind or ident["kind"]
+    default = fit_file is None
+    if default and kind is None:
+        raise ValueError(f"backend='http': {base} does not say what server it is: pass engine_kind, and a fit_file "
+                         f"made for it:\n    {fit_command(base, kind='openai', model=ident['model'])}")
+    path = data_path(kind) if default else Path(fit_file)
+    cmd = fit_command(base, kind=None if ident["kind"] else engine_kind, model=model or ident["model"],
+                      max_batch=ident["max_num_seqs"], out=f"runs/fits/{ident['kind'] or kind or 'engine'}.json")
+    try:
+        d = load_fit(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"backend='http': cannot read the fit file {path} ({type(e).__name__}: {e}); fit the "
+                         f"endpoint with\n    {cmd}\nand pass that file as fit_file") from None
+    if not isinstance(d, dict) or "fit_version" not in d or "engine_info" not in d:
+        raise ValueError(f"backend='http': {path} is not a fit of fairlib.fit (a `fairlib probe` result has one "
+                         f"context and no engine identity); fit the endpoint with\n    {cmd}")
+    fi = d.get("engine_info") or {}
+    fk = d.get("engine_kind") or fi.get("kind")
+    why = []
+    if engine_kind is not None and fk not in (engine_kind,):
+        why.append(f"engine kind: the fit is for {fk!r}, engine_kind is {engine_kind!r}")
+    elif ident["kind"] is not None and fk not in (ident["kind"], "openai"):
+        why.append(f"engine kind: the fit is for {fk!r}, the endpoint is {ident['kind']!r}")
+    sent = model or ident["model"]
+    if model is not None and ident["models"] is not None and model not in ident["models"]:
+        why.append(f"model: the endpoint does not serve {model!r}")
+    if fi.get("model") != sent:
+        why.append(f"model: the fit is for {fi.get('model')!r}, the chapter would send {sent!r}")
+    elif fi.get("model_root") and ident["model_root"] and fi["model_root"] != ident["model_root"]:
+        why.append(f"model: the fit's {fi.get('model')!r} is {fi['model_root']!r}, the endpoint's is "
+                   f"{ident['model_root']!r}")
+    if (fi.get("version") or ident["version"]) and fi.get("version") != ident["version"]:
+        why.append(f"server version: the fit is for {fi.get('version')!r}, the endpoint says {ident['version']!r}")
+    if default:
+        fit_host = _host(fi.get("base_url"))
+        if _is_loopback(fit_host):
+            if not _is_loopback(ident["host"]):
+                why.append(f"endpoint: the fit was made for an engine on its own machine ({fi.get('base_url')}), "
+                           f"the endpoint is on {ident['host']}")
+            else:
+                here, there = machine_info(), d.get("machine") or {}
+                diff = [k for k in MACHINE_KEYS if here.get(k) != there.get(k)]
+                if diff:
+                    why.append("machine: the fit was made on another machine ("
+                               + ", ".join(f"{k} {there.get(k)!r} there, {here.get(k)!r} here" for k in diff) + ")")
+        else:
+            froot = str(fi.get("server_root") or fi.get("base_url") or "").rstrip("/")
+            froot = froot[:-3] if froot.endswith("/v1") else froot
+            if froot != ident["server_root"]:
+                why.append(f"endpoint: the fit was made for {fi.get('base_url')}, not {base}")
+    if why:
+        raise ValueError(
+            f"backend='http': the fit file {path} does not describe the endpoint {base}:\n"
+            + "".join(f"  - {w}\n" for w in why)
+            + f"The fit file {_describe_fit(d)}.\n"
+            + f"The endpoint {_describe_endpoint(ident)}.\n"
+            + "Fit this endpoint with one command, then pass the file as fit_file (papermill -r fit_file PATH):\n"
+            + f"    {cmd}")
+    return d
 
 
 # --- measuring -----------------------------------------------------------------------------------
@@ -244,6 +635,9 @@ async def _measure_async(cfg, kind: str, p: dict) -> dict:
                         s0, c0 = _hist(before, "vllm:iteration_tokens_total")
                         s1, c1 = _hist(after, "vllm:iteration_tokens_total")
                         pt_["server_hist_tokens_per_iteration"] = (s1 - s0) / (c1 - c0) if c1 > c0 else None
+                    counts = [(r.get("usage") or {}).get("prompt_tokens") for r in recs]
+                    counts = [c for c in counts if isinstance(c, (int, float))]
+                    pt_["prompt_tokens_server"] = float(np.median(counts)) if counts else None
                     decode.append(pt_)
                     dt = pt_["dt_ms"]
                     srv = pt_["server_ms_per_token"]
@@ -260,6 +654,14 @@ async def _measure_async(cfg, kind: str, p: dict) -> dict:
             log(f"fit: prefill rep {rep}: " + ", ".join(f"P={q['P']}: {q['ttft_ms']:.1f} ms"
                                                          for q in prefill[-len(p['prefill_lengths']):]
                                                          if q["ttft_ms"] is not None))
+    if tok is None:   # prompts of N words: the context is what the server counted (median per prompt length)
+        for pt in p["prompt_tokens"]:
+            pts = [q for q in decode if q["prompt_tokens"] == pt]
+            counts = [q["prompt_tokens_server"] for q in pts if q.get("prompt_tokens_server")]
+            if counts:
+                for q in pts:
+                    q.update(context=float(np.median(counts)) + p["decode_tokens"] / 2.0,
+                             context_source="usage.prompt_tokens")
     return {"decode": decode, "prefill": prefill}
 
 
@@ -452,10 +854,18 @@ def mean_decode_context(spec, n: int = 20000, seed: int = 12345) -> float:
     return num / den
 
 
+def batches_for(max_batch: int) -> list:
+    """The decode sweep's batch sizes up to ``max_batch``: 1, 2, 4, 8 and a quarter, half,
+    three quarters and all of it (for 16: :data:`DEFAULTS`' 1, 2, 4, 8, 12, 16)."""
+    n = int(max_batch)
+    return sorted({b for b in (1, 2, 4, 8, *(max(1, round(n * f)) for f in (0.25, 0.5, 0.75, 1.0))) if b <= n})
+
+
 def fit_engine(eng, *, max_batch: Optional[int] = None, out=None, verbose: bool = False, note: str = "",
                **settings) -> dict:
-    """Measure and fit a started engine (an ``fairlib.engines.EngineProcess``); returns the result
-    and writes it to ``out`` (JSON) when given.
+    """Measure and fit a started engine (an ``fairlib.engines.EngineProcess``, or an
+    :class:`EndpointEngine` for an endpoint started elsewhere: :func:`fit_endpoint`); returns the
+    result and writes it to ``out`` (JSON) when given.
 
     ``max_batch``: the engine's batch limit (default: ``max_num_seqs`` for vLLM, ``n_parallel``
     for llama.cpp); batches above it are not sent. ``settings`` override :data:`DEFAULTS`."""
@@ -466,14 +876,32 @@ def fit_engine(eng, *, max_batch: Optional[int] = None, out=None, verbose: bool 
     if max_batch is None:
         max_batch = slots or max(p["batches"])
     max_batch = int(max_batch)
+    if "batches" not in settings and max_batch > max(p["batches"]):
+        p["batches"] = batches_for(max_batch)        # a larger engine: the sweep reaches its batch limit
     p["batches"] = [b for b in p["batches"] if b <= max_batch]
+    tok = eng.tokenizer()
+    limit = eng.settings.get("max_model_len") or eng.settings.get("ctx_per_slot")
+    if limit:   # keep every request inside the context window (a word is more than a token on real models)
+        words = 1.5 if tok is None and kind != "fairlib" else 1.0
+        dt_out = int(p.get("decode_tokens", 64))
+        for key, out_n in (("prompt_tokens", dt_out), ("prefill_lengths", int(p.get("prefill_output_tokens", 2)))):
+            vals = [p[key]] if isinstance(p[key], (int, np.integer)) else list(p[key])
+            keep = [x for x in vals if x * words + out_n + 8 <= limit]
+            p[key] = keep or [max(1, int((limit - out_n - 8) / words / 2))]
     t0 = time.time()
     cfg = eng.endpoint_config(timeout_s=300.0, headers={"Connection": "close"})   # no stale keep-alive
-    raw = measure(cfg, kind, tokenizer=eng.tokenizer(), verbose=verbose, **p)
+    raw = measure(cfg, kind, tokenizer=tok, verbose=verbose, **p)
     dec = fit_decode(raw["decode"], max_batch)
     pre = fit_prefill(raw["prefill"])
     if dec["joint"] is None:
-        raise RuntimeError(f"fit: too few usable decode points ({raw['decode']})")
+        errs = sorted({e for q in raw["decode"] for e in q.get("errors") or []})
+        ok = sum(q.get("dt_ms") is not None for q in raw["decode"])
+        raise RuntimeError(f"fit: too few usable decode points ({ok} of {len(raw['decode'])} batches timed"
+                           + (f"; request errors: {', '.join(errs)}" if errs else "") + ")")
+    if pre["linear"]["slope"] is None:
+        errs = sorted({q.get("error_class") for q in raw["prefill"] if q.get("error_class") != "none"})
+        raise RuntimeError("fit: too few usable prefill points"
+                           + (f" (request errors: {', '.join(map(str, errs))})" if errs else ""))
     prefill = max(pre["linear"]["slope"] or 0.0, 0.0)
     result = {"fit_version": FIT_VERSION, "engine_kind": kind,
               "engine": {"iter_base_ms": 1.0, "iter_slope_ms": 0.0, "prefill_ms_per_token": prefill,

@@ -37,7 +37,7 @@ def test_help_lists_the_subcommands(capsys):
         main(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    for cmd in ("serve", "run", "simulate", "probe", "analyze"):
+    for cmd in ("serve", "run", "simulate", "probe", "fit", "analyze"):
         assert cmd in out
 
 
@@ -105,6 +105,21 @@ def test_simulate_writes_the_same_run_directory_shape(tmp_path):
     assert main(["simulate", "--scenario", "victim_baseline", "--duration-s", "4", "--out", str(out),
                  "--overwrite", "--policy", "vtc", "--rate-scale", "2"]) == 0
     assert load_run(out).config["extra"]["policy"] == "vtc"
+
+
+def test_probe_refuses_a_bad_url_in_one_line():
+    with pytest.raises(SystemExit) as e:
+        main(["probe", "--endpoint", "localhost:8000", "--out", "/tmp/x.json"])
+    assert str(e.value).startswith("fairlib probe: ") and "not an endpoint URL" in str(e.value)
+
+
+def test_fit_help_names_its_options(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for opt in ("--endpoint", "--model", "--kind", "--max-batch", "--out", "vllm,llamacpp,openai"):
+        assert opt in out
 
 
 def test_unknown_scenario_is_a_clean_error():

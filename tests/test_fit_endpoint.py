@@ -1,0 +1,240 @@
+"""``fairlib fit --endpoint``: the cost model of an endpoint started elsewhere, and the check the
+chapters make before they use a fit with ``backend="http"`` (``fairlib.fit.fit_for_endpoint``).
+
+Against ``fairlib serve`` (a test double whose timing is a known engine model,
+``dt = 6 + 1.0 B + 0.04 P`` ms, max_batch 8): the quick fit (two contexts, four batch sizes, three
+repeats; about 10 s) must find iter_base and the slope within 10 %, no context term to speak of
+(the served model has none), the prefill cost within 15 % and the batch limit the server states;
+it writes the format of ``fairlib.fit.fit_engine`` (the committed ``data/engines/*.json``) with
+the endpoint's identity. The check accepts that fit against its own endpoint and refuses fits
+made for another model, engine kind, server version, machine or endpoint, naming both sides and
+the command that fits the endpoint. Command-line errors are one line, and Ctrl-C / SIGTERM stop a
+fit with one line and no file.
+"""
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fairlib import Engine, fit, scenarios
+from fairlib.cli import main
+from fairlib.probe import load_engine as probe_load_engine
+from fairlib.serve import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+TRUE = {"iter_base_ms": 6.0, "iter_slope_ms": 1.0, "prefill_ms_per_token": 0.04, "max_batch": 8}
+SERVE = ["--iter-base-ms", 6, "--iter-slope-ms", 1.0, "--prefill-ms-per-token", 0.04, "--max-batch", 8]
+QUICK = ["--batches", "1,2,4,8", "--prompt-tokens", "16,256", "--decode-tokens", "32",
+         "--prefill-lengths", "16,512,1024", "--repeats", "3", "--prefill-repeats", "3", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(SERVE) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def fitted(server, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fit") / "serve.json"
+    t = time.monotonic()
+    assert main(["fit", "--endpoint", server.base_url, "--out", str(out), *QUICK]) == 0
+    elapsed = time.monotonic() - t
+    assert elapsed < 60, elapsed
+    return json.loads(out.read_text()), out
+
+
+def _variant(d: dict, path: Path, **engine_info) -> Path:
+    v = json.loads(json.dumps(d))
+    v["engine_info"].update(engine_info)
+    path.write_text(json.dumps(v))
+    return path
+
+
+def _cli(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "fairlib.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def _one_line_error(r):
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+# --- the fit ------------------------------------------------------------------------------------
+
+def test_fit_recovers_the_served_cost_model(fitted):
+    d, _ = fitted
+    s = d["fit"]["summary"]
+    assert s["iter_base_ms"] == pytest.approx(TRUE["iter_base_ms"], rel=0.10)
+    assert s["slope_0_ms"] == pytest.approx(TRUE["iter_slope_ms"], rel=0.10)
+    for ctx in (16, 352, 1000):       # the served model has no context term
+        assert fit.engine_at(d, ctx).iter_slope_ms == pytest.approx(TRUE["iter_slope_ms"], rel=0.10)
+    assert s["prefill_ms_per_token"] == pytest.approx(TRUE["prefill_ms_per_token"], rel=0.15)
+    assert s["max_batch"] == TRUE["max_batch"] and s["decode_r2"] > 0.97
+    assert s["decode_B_range"] == [1, 8] and not s["small_batch_regime"]
+
+
+def test_fit_writes_the_fit_format_with_the_endpoints_identity(fitted, server):
+    d, out = fitted
+    committed = fit.load_fit(fit.data_path("vllm"))
+    assert set(committed) <= set(d)                                  # the same top-level fields
+    assert set(committed["fit"]["summary"]) <= set(d["fit"]["summary"])
+    assert d["fit_version"] == fit.FIT_VERSION and d["engine_kind"] == "fairlib"
+    i = d["engine_info"]
+    assert i["base_url"] == server.base_url and i["model"] == "fairlib-sim" and i["models"] == ["fairlib-sim"]
+    assert i["kind"] == "fairlib" and i["version"].startswith("fairlib-serve")
+    assert i["max_num_seqs"] == 8 and "fairlib/stats" in i["max_num_seqs_source"]
+    assert i["max_model_len"] == 8192 and i["host"] == "127.0.0.1" and i["local"] is True
+    assert "test double" in i["engine"] and i["fitted_with"].startswith("fairlib fit --endpoint")
+    assert d["machine"] == fit.machine_info() and re.fullmatch(r"\d{4}-\d\d-\d\d", d["date"])
+    assert d["params"]["batches"] == [1, 2, 4, 8] and d["params"]["prompt_tokens"] == [16, 256]
+    # words are tokens on fairlib serve: the contexts the server counted are the planned ones
+    assert {q["context"] for q in d["points"]["decode"]} == {16 + 16.0, 256 + 16.0}
+    # every reader of a fit reads it
+    eng = fit.load_engine(out)
+    assert isinstance(eng, Engine) and eng.max_batch == 8
+    assert eng == probe_load_engine(out) == fit.load_engine(d)
+    assert eng.iter_slope_ms == pytest.approx(fit.engine_at(out, fit.REFERENCE_CONTEXT).iter_slope_ms)
+    spec = scenarios.load("fair_share", capacity=str(out))
+    assert spec.engine.max_batch == 8
+
+
+def test_batches_reach_a_larger_batch_limit():
+    assert fit.batches_for(16) == list(fit.DEFAULTS["vllm"]["batches"])
+    assert fit.batches_for(24) == [1, 2, 4, 6, 8, 12, 18, 24]
+    assert max(fit.batches_for(256)) == 256 and fit.batches_for(1) == [1]
+
+
+# --- the check ----------------------------------------------------------------------------------
+
+def test_check_accepts_the_matching_fit(fitted, server):
+    d, out = fitted
+    assert fit.fit_for_endpoint(str(out), server.base_url) == d
+    assert fit.fit_for_endpoint(out, server.base_url, engine_kind="fairlib", model="fairlib-sim") == d
+    # a bare server URL is the same endpoint
+    assert fit.fit_for_endpoint(out, server.base_url[:-3]) == d
+
+
+def test_check_refuses_a_fit_for_another_model(fitted, server, tmp_path):
+    d, _ = fitted
+    other = _variant(d, tmp_path / "other-model.json", model="llama-3-8b", model_root="llama-3-8b")
+    with pytest.raises(ValueError) as e:
+        fit.fit_for_endpoint(other, server.base_url)
+    msg = str(e.value)
+    assert str(other) in msg and server.base_url in msg
+    assert "'llama-3-8b'" in msg and "'fairlib-sim'" in msg and "model:" in msg
+    assert f"fairlib fit --endpoint {server.base_url}" in msg and "fit_file" in msg
+    # the same name, another checkpoint
+    same_name = _variant(d, tmp_path / "root.json", model_root="/models/another-checkpoint")
+    with pytest.raises(ValueError, match="another-checkpoint"):
+        fit.fit_for_endpoint(same_name, server.base_url)
+    # a model the endpoint does not serve
+    with pytest.raises(ValueError, match="does not serve 'nope'"):
+        fit.fit_for_endpoint(fitted[1], server.base_url, model="nope")
+
+
+def test_check_refuses_a_fit_for_another_engine_kind(fitted, server):
+    committed = fit.data_path("vllm")           # the 2-core CPU machine's vLLM with the tiny model
+    with pytest.raises(ValueError) as e:
+        fit.fit_for_endpoint(committed, server.base_url)
+    msg = str(e.value)
+    assert str(committed) in msg and server.base_url in msg
+    assert "the fit is for 'vllm', the endpoint is 'fairlib'" in msg
+    assert "'tiny-llama'" in msg and "0.32.0" in msg and "fairlib-serve" in msg
+    assert "fairlib fit --endpoint" in msg
+    # the chapter's own engine_kind disagrees with the fit
+    with pytest.raises(ValueError, match="engine_kind is 'vllm'"):
+        fit.fit_for_endpoint(fitted[1], server.base_url, engine_kind="vllm")
+    # fit_file None: the committed default of that kind, refused the same way
+    with pytest.raises(ValueError) as e:
+        fit.fit_for_endpoint(None, server.base_url, engine_kind="llamacpp")
+    assert str(fit.data_path("llamacpp")) in str(e.value) and "b1-0c1e570" in str(e.value)
+
+
+def test_check_refuses_another_server_version(fitted, server, tmp_path):
+    old = _variant(fitted[0], tmp_path / "old.json", version="fairlib-serve 0.0.1")
+    with pytest.raises(ValueError, match=r"server version: the fit is for 'fairlib-serve 0\.0\.1'"):
+        fit.fit_for_endpoint(old, server.base_url)
+
+
+def test_default_fit_must_be_of_this_endpoint_and_machine(fitted, server, tmp_path, monkeypatch):
+    """fit_file None: the default file is used only for the engine it was made on: a loopback
+    engine on the machine the fit was made on, or the same remote endpoint."""
+    d, out = fitted
+    default = tmp_path / "default.json"
+    monkeypatch.setattr(fit, "data_path", lambda kind: default)
+    default.write_text(out.read_text())
+    assert fit.fit_for_endpoint(None, server.base_url)["date"] == d["date"]       # this machine, loopback
+    v = json.loads(out.read_text())
+    v["machine"] = {**v["machine"], "cpu_model": "Some GPU host CPU", "cores": 64}
+    default.write_text(json.dumps(v))
+    with pytest.raises(ValueError) as e:
+        fit.fit_for_endpoint(None, server.base_url)
+    assert "machine:" in str(e.value) and "Some GPU host CPU" in str(e.value) and str(default) in str(e.value)
+    # an explicit fit_file is trusted for the machine (a fresh fit passes against its own endpoint)
+    assert fit.fit_for_endpoint(default, server.base_url)["machine"]["cores"] == 64
+    # a fit of a remote endpoint describes only that endpoint
+    _variant(d, default, base_url="http://gpu-host:8000/v1", server_root="http://gpu-host:8000", host="gpu-host")
+    with pytest.raises(ValueError, match="made for http://gpu-host:8000/v1"):
+        fit.fit_for_endpoint(None, server.base_url)
+
+
+def test_check_refuses_what_is_not_a_fit(server, tmp_path):
+    probe_like = tmp_path / "probe.json"
+    probe_like.write_text(json.dumps({"probe_version": 1, "engine": {"iter_base_ms": 1.0}}))
+    with pytest.raises(ValueError, match="not a fit"):
+        fit.fit_for_endpoint(probe_like, server.base_url)
+    with pytest.raises(ValueError, match="cannot read the fit file"):
+        fit.fit_for_endpoint(tmp_path / "missing.json", server.base_url)
+    with pytest.raises(ValueError, match="does not answer"):
+        fit.fit_for_endpoint(probe_like, "http://127.0.0.1:1/v1")
+    with pytest.raises(ValueError, match="not an endpoint URL"):
+        fit.fit_for_endpoint(probe_like, "127.0.0.1:8000")
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+def test_cli_errors_are_one_line(server, tmp_path):
+    out = tmp_path / "x.json"
+    for url, says in (("not a url", "not an endpoint URL"), ("http://127.0.0.1:1/v1", "does not answer")):
+        line = _one_line_error(_cli("fit", "--endpoint", url, "--out", out))     # the real process: stderr
+        assert line.startswith("fairlib fit: ") and says in line, line
+    for args, says in ((["--endpoint", "ftp://host/v1"], "not an endpoint URL"),
+                       (["--endpoint", server.base_url, "--model", "nope"], "not 'nope'"),
+                       (["--endpoint", server.base_url, "--kind", "vllm"], "says it is fairlib"),
+                       (["--endpoint", server.base_url, "--max-batch", "20"], "at most 8"),
+                       (["--endpoint", server.base_url, "--batches", "1,x"], "comma-separated integers")):
+        with pytest.raises(SystemExit) as e:
+            main(["fit", *args, "--out", str(out)])
+        assert len(str(e.value).splitlines()) == 1 and says in str(e.value), e.value
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_cli_stops_cleanly_on_a_signal(server, tmp_path, sig, code):
+    out = tmp_path / "x.json"
+    p = subprocess.Popen([sys.executable, "-m", "fairlib.cli", "fit", "--endpoint", server.base_url, "--out",
+                          str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 30
+        first = p.stdout.readline()          # the identity line: the sweep is starting
+        assert first.startswith("fairlib fit: "), first
+        p.stdout.readline()                  # the first timed batch: requests in flight
+        assert time.monotonic() < deadline
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == code
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and f"interrupted by {sig.name}" in lines[0], err
+    assert not out.exists()
