@@ -17,12 +17,14 @@ import numpy as np
 import pandas as pd
 
 from .engine import SEED000_ENGINE, Engine
+from . import published
 from .metrics import demand_normalised_jain, jain_index, water_fill
 from .presets import SEED000_OUTPUT_DISTS, SEED000_OUTPUT_MEANS, SEED000_TENANTS, seed000
 
 __all__ = ["rate_pairs", "rate_check", "exact_ratios", "engine_at_prefill", "seed000_at_prefill",
            "crossing", "means_from_shares", "share_model", "length_quantile", "length_ccdf",
-           "length_table", "ccdf_table", "request_cost_by_tenant", "demand_example"]
+           "length_table", "ccdf_table", "request_cost_by_tenant", "demand_example",
+           "demand_table", "within_published", "params_text"]
 
 
 # --- the cost model ------------------------------------------------------------------------
@@ -238,3 +240,59 @@ def demand_example(runs: pd.DataFrame, scenario_for_seed, names: Sequence[str]) 
                          "demand_ms": d[i], "service_ms": service[i], "fair_ms": fair[i],
                          "jain_raw": raw, "jain_demand": norm})
     return pd.DataFrame(rows)
+
+
+def demand_table(per_tenant: pd.DataFrame, names: Sequence[str],
+                 labels: Optional[dict] = None) -> pd.DataFrame:
+    """The unequal-demand example (:func:`demand_example`) as one table. One row per policy (in
+    run order, renamed by ``labels``): each tenant's mean share of the service delivered (%) and
+    the mean raw and demand-normalised Jain over the runs. A last row ``water-filling``: the
+    max-min fair shares (mean over the policies of each policy's mean) and both indices computed
+    on those fair allocations run by run (demand-normalised Jain is 1 there by construction)."""
+    names = list(names)
+    d = per_tenant.copy()
+    total = d.groupby(["policy", "seed"])["service_ms"].transform("sum")
+    d["share"] = d["service_ms"] / total * 100
+    d["fair share"] = d["fair_ms"] / total * 100
+    order = list(dict.fromkeys(d["policy"]))
+    by = d.groupby(["policy", "tenant"], sort=False)
+    share = by["share"].mean().unstack("tenant").loc[order, names]
+    jains = d.groupby("policy", sort=False)[["jain_raw", "jain_demand"]].mean().loc[order]
+    out = pd.concat([share, jains], axis=1)
+    out.columns = names + ["Jain (raw)", "Jain (demand-normalised)"]
+    if labels:
+        out.index = [labels.get(p, p) for p in out.index]
+    fair = by["fair share"].mean().unstack("tenant").loc[order, names].mean()
+    runs = [g.set_index("tenant").loc[names] for _, g in d.groupby(["policy", "seed"], sort=False)]
+    raw = [jain_index(g["fair_ms"].to_numpy()) for g in runs]
+    norm = [demand_normalised_jain(g["fair_ms"].to_numpy(), g["demand_ms"].to_numpy())
+            for g in runs]
+    out.loc["water-filling"] = [float(v) for v in fair] + [math.fsum(raw) / len(raw),
+                                                           math.fsum(norm) / len(norm)]
+    return out
+
+
+# --- display ------------------------------------------------------------------------------
+def within_published(table: pd.DataFrame, share_id: str, maxmin_id: str,
+                     names: Sequence[str]) -> pd.Series:
+    """For each row of a share table (columns ``names`` in %, and ``max/min``): how many of the
+    published figures ``share_id`` (one share per tenant) and ``maxmin_id`` it reproduces within
+    their tolerance (:func:`fairlib.published.compare`; figures without a tolerance are not
+    counted)."""
+    names = list(names)
+    counts = []
+    for _, row in table.iterrows():
+        cmp = pd.concat([
+            published.compare(share_id, row[names].to_numpy(float), labels=names),
+            published.compare(maxmin_id, float(row["max/min"]), labels=["max/min"])])
+        counts.append(int(published.asserted(cmp)["within"].sum()))
+    return pd.Series(counts, index=table.index, dtype=int)
+
+
+def params_text(params: dict) -> str:
+    """A policy's parameters for a table: ``wp = 1, wq = 15.4167`` (6 significant digits),
+    or an em dash when there are none."""
+    if not params:
+        return "\u2014"
+    return ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}"
+                     for k, v in params.items())

@@ -337,3 +337,45 @@ def test_demand_example_on_hand_made_runs():
     assert fair_rows["jain_raw"].iloc[0] == pytest.approx(jain_index(fair), rel=1e-14)
     assert even_rows["jain_raw"].iloc[0] == pytest.approx(1.0, abs=1e-15)
     assert even_rows["jain_demand"].iloc[0] < 0.99      # the light tenant got more than it asked
+
+
+def test_demand_table_rows_and_water_filling_row():
+    names = list(presets.SEED000_TENANTS)
+    build = lambda s: presets.seed000(seed=s, duration_s=10.0, flood=100.0 / 750.0, flood_tenant=0)  # noqa: E731
+    d = methods.request_cost_by_tenant(build(0), 0)
+    busy = 0.5 * float(d.sum())
+    fair = water_fill(d, busy)
+    runs = pd.DataFrame([
+        {"seed": 0, "policy": "fair", "busy_ms": busy, **{f"share_{n}": f / busy for n, f in zip(names, fair)}},
+        {"seed": 0, "policy": "even", "busy_ms": busy, **{f"share_{n}": 0.25 for n in names}},
+    ])
+    t = methods.demand_table(methods.demand_example(runs, build, names), names, {"even": "EVEN"})
+    assert list(t.index) == ["fair", "EVEN", "water-filling"]
+    assert list(t.columns) == names + ["Jain (raw)", "Jain (demand-normalised)"]
+    np.testing.assert_allclose(t.loc["EVEN", names], 25.0, rtol=1e-12)
+    np.testing.assert_allclose(t.loc["fair", names], fair / busy * 100, rtol=1e-12)
+    # the water-filling row: the fair shares and both indices computed on them, no NaN
+    np.testing.assert_allclose(t.loc["water-filling", names], fair / busy * 100, rtol=1e-12)
+    assert t.loc["water-filling", "Jain (raw)"] == pytest.approx(jain_index(fair), rel=1e-12)
+    assert t.loc["water-filling", "Jain (demand-normalised)"] == pytest.approx(1.0, abs=1e-12)
+    assert not t.isna().any().any()
+    np.testing.assert_allclose(t[names].sum(axis=1), 100.0, rtol=1e-12)
+
+
+def test_within_published_counts_figures_within_tolerance():
+    from fairlib import published
+    names = list(presets.SEED000_TENANTS)
+    pub = published.figure("ch1.share.rpm_quota")["value"]
+    mm = published.figure("ch1.maxmin.rpm_quota")["value"]
+    share_tol = published.figure("ch1.share.rpm_quota")["tolerance"]["abs"]
+    table = pd.DataFrame([dict(zip(names, pub), **{"max/min": mm}),
+                          dict(zip(names, [v + 2 * share_tol for v in pub]), **{"max/min": mm}),
+                          dict(zip(names, pub), **{"max/min": 10 * mm})], index=["at", "off", "ratio"])
+    got = methods.within_published(table, "ch1.share.rpm_quota", "ch1.maxmin.rpm_quota", names)
+    assert got.to_dict() == {"at": 5, "off": 1, "ratio": 4}
+
+
+def test_params_text():
+    assert methods.params_text({}) == "\u2014"
+    assert methods.params_text({"wp": 1.0, "wq": 15.41666666666667}) == "wp = 1, wq = 15.4167"
+    assert methods.params_text({"cap": 6, "window": 5}) == "cap = 6, window = 5"
