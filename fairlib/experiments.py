@@ -264,7 +264,7 @@ def counter_shares(engine, prompt_tokens, output_tokens, wp: float = 1.0, wq: fl
 
 
 # --- chapters 2 and 3: the quota's gap, VTC's counters, paired differences --------------------
-__all__ += ["quota_decomposition", "gap_parts", "vtc_counters", "paired_difference", "shown"]
+__all__ += ["quota_decomposition", "gap_parts", "vtc_counters", "paired_difference", "shown", "MISSING"]
 
 #: The four rows of :func:`quota_decomposition`'s second table, in order.
 QUOTA_STEPS = ("predicted: equal counts x nominal cost", "equal counts x realised cost",
@@ -350,11 +350,49 @@ def paired_difference(a: pd.Series, b: pd.Series) -> pd.Series:
                       "a > b": int((d > 0).sum()), "runs": n})
 
 
-def shown(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
-    """A comparison table (:func:`fairlib.published.compare`) rounded for display: numeric columns
-    and the numbers in the ``tolerance`` column (which also holds text) to ``digits``."""
-    out = table.round(digits)
+#: How :func:`shown` writes a missing value (a policy without a counter, a row nothing asserts).
+MISSING = "—"
+
+
+def _rounded(value, digits: int):
+    """One cell rounded to ``digits`` (0: a whole number); text, booleans and missing values kept."""
+    if value is None or isinstance(value, (str, bool, np.bool_)):
+        return value
+    f = float(value)
+    if math.isnan(f):
+        return value
+    return int(round(f)) if digits == 0 else round(f, digits)
+
+
+def shown(table: pd.DataFrame, digits: int = 3, rows: Optional[Mapping] = None) -> pd.DataFrame:
+    """A table (e.g. :func:`fairlib.published.compare`) rounded for display: numeric columns and
+    the numbers in the ``tolerance`` column (which also holds text) to ``digits``. ``rows``
+    ({row label: digits}) rounds those rows otherwise: the numeric columns then become text, each
+    row with its own decimals. ``digits`` 0 alone gives whole numbers (int).
+    A missing value (None, NaN) is shown as :data:`MISSING`, "—" (the other numbers of a
+    float column with a missing value become text with ``digits`` decimals)."""
+    per_row = [dict(rows or {}).get(label, digits) for label in table.index]
+    if rows is None and digits != 0:
+        out = table.round(digits)
+    else:
+        out = table.copy()
+        for col in out.columns:
+            if pd.api.types.is_numeric_dtype(out[col]) and not pd.api.types.is_bool_dtype(out[col]):
+                cells = [_rounded(v, d) for v, d in zip(out[col], per_row)]
+                if rows is not None:    # text with each row's decimals: 3.050 beside 95040
+                    cells = [c if isinstance(c, int) or c != c else f"{c:.{d}f}"
+                             for c, d in zip(cells, per_row)]
+                out[col] = pd.Series(cells, index=out.index, dtype=object)
     if "tolerance" in out.columns:
-        out["tolerance"] = out["tolerance"].map(
-            lambda t: t if isinstance(t, str) else round(float(t), digits)).astype(object)
+        out["tolerance"] = pd.Series([_rounded(t, d) for t, d in zip(out["tolerance"], per_row)],
+                                     index=out.index, dtype=object)
+    for col in out.columns:
+        missing = out[col].isna()
+        if missing.any():
+            if pd.api.types.is_float_dtype(out[col]):   # keep the digits of the numbers
+                out[col] = pd.Series([MISSING if m else f"{v:.{d}f}" for v, m, d
+                                      in zip(out[col], missing, per_row)],
+                                     index=out.index, dtype=object)
+            else:
+                out[col] = out[col].astype(object).where(~missing, MISSING)
     return out

@@ -242,9 +242,29 @@ def test_shown_rounds_numbers_and_keeps_text():
     assert s.loc["x", "tolerance"] == 0.18 and s.loc["y", "tolerance"] == "shown, not asserted"
     assert list(s["basis"]) == ["published", "inferred"]
     assert s.loc["x", "within"] is True or s.loc["x", "within"] == True  # noqa: E712
+    assert s.loc["y", "within"] == experiments.MISSING == "\u2014"     # None is shown as a dash
     assert list(t["computed"]) == [1.234567, 3.99951]                  # the input is left alone
     s3 = experiments.shown(t)
     assert s3.loc["x", "tolerance"] == 0.177 and s3.loc["x", "computed"] == 1.235
+
+
+def test_shown_dashes_missing_values_and_rounds_rows_on_their_own():
+    rows = ["ratio", "tokens"]
+    t = pd.DataFrame({"published": [1.014, 93932.0], "computed": [1.00234, 95039.833],
+                      "counter": [np.nan, 1.0021],
+                      "tolerance": pd.Series(["shown, not asserted", 50.4], index=rows, dtype=object),
+                      "within": pd.Series([None, True], index=rows, dtype=object)}, index=rows)
+    s = experiments.shown(t, rows={"tokens": 0})
+    assert s.loc["ratio", "counter"] == "\u2014"
+    assert experiments.shown(t).loc["tokens", "counter"] == "1.002"   # text, its digits kept
+    assert s.loc["tokens", "computed"] == 95040 and isinstance(s.loc["tokens", "computed"], int)
+    assert s.loc["ratio", "published"] == "1.014" and s.loc["ratio", "computed"] == "1.002"
+    assert s.loc["tokens", "published"] == 93932 and s.loc["tokens", "tolerance"] == 50
+    assert s.loc["ratio", "within"] == "\u2014" and s.loc["tokens", "within"] is True
+    assert "95039.833" not in s.to_string() and "nan" not in s.to_string().lower()
+    whole = experiments.shown(t, 0)
+    assert list(whole["computed"]) == [1, 95040]
+    assert math.isnan(t.loc["ratio", "counter"]) and t.loc["ratio", "within"] is None  # input kept
 
 
 def test_shown_on_a_compare_table():
