@@ -67,7 +67,10 @@ __all__ = ["QS", "STARVATION_FACTOR", "PREFILL_WEIGHT", "DECODE_WEIGHT", "REFUSE
            "residency", "fit_iteration_cost", "windowed_fairness", "fairness", "victim_degradation", "validity",
            "RunAnalysis", "analyze_run", "tenant_table", "combine", "pooled_latency", "ci_table",
            "fairness_table", "validity_table",
-           "latency_chart", "share_chart", "windowed_chart", "report", "main"]
+           "latency_chart", "share_chart", "windowed_chart", "report", "main",
+           "LIVE_ENGINES", "SOURCES", "tenant_latency", "latency_overview", "victim_table", "victim_overview",
+           "goodput_chart", "saved_live_runs", "engine_of", "analyze_pairs", "live_table", "live_validity",
+           "live_victims", "live_chart"]
 
 QS = (50, 90, 99)
 STARVATION_FACTOR = 10.0
@@ -944,3 +947,300 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+# --- chapter 7: latency percentiles, victims, saved live runs next to the simulator -------------
+#: The engines whose live runs the book keeps under ``data/runs/<engine>`` (chapter 7 shows them
+#: first, chapter 8 measures their fidelity), in the order the chapters show them.
+LIVE_ENGINES = ("vllm", "llamacpp")
+#: A measured run and its simulation (the same schedule in the engine model).
+SOURCES = ("measured", "simulated")
+
+
+def tenant_latency(a: RunAnalysis, metrics: Sequence[str] = ("ttft", "tpot", "e2e"),
+                   qs: Sequence[float] = QS) -> pd.DataFrame:
+    """One row per tenant: every percentile ``<metric>_p<q>_ms`` (p50, p90 and p99 by default)
+    over the run's completed requests (ms): :func:`tenant_table` with p90 beside p50 and p99."""
+    lat = latency_wide(a.latency)
+    cols = [f"{m}_p{q:g}" for m in metrics for q in qs]
+    missing = [c for c in cols if c not in lat.columns]
+    if missing:
+        raise ValueError(f"tenant_latency: the run's latency table has no {missing} "
+                         f"(analyze_run computes p{', p'.join(f'{q:g}' for q in QS)})")
+    out = lat[cols].copy()
+    out.columns = [c + "_ms" for c in cols]
+    return out
+
+
+def latency_overview(results: dict, metrics: Sequence[str] = ("ttft", "tpot", "e2e"),
+                     qs: Sequence[float] = QS) -> pd.DataFrame:
+    """:func:`tenant_latency` of every run of ``results`` (``{(scenario, policy): [RunAnalysis
+    per seed]}``, ``fairlib.tenantbench.analyze_all``), the mean over seeds: index (scenario,
+    policy, tenant)."""
+    parts = []
+    for (name, pol), analyses in results.items():
+        tabs = [tenant_latency(a, metrics, qs) for a in analyses]
+        names = list(tabs[0].index)
+        t = pd.concat(tabs).groupby(level="tenant", sort=False).mean().reindex(names)
+        t.index = pd.MultiIndex.from_product([[name], [pol], names], names=["scenario", "policy", "tenant"])
+        parts.append(t)
+    return pd.concat(parts)
+
+
+def victim_table(contention, baseline, tenant: Optional[str] = None, qs: Sequence[float] = QS,
+                 n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """:func:`victim_degradation` with every percentile of ``qs`` (p50, p90, p99): the victim's
+    TTFT and E2E percentiles (ms, pooled completed requests of the runs given), goodput and
+    attainment under contention, alone, and their ratio."""
+    cons = [as_run(r) for r in (contention if isinstance(contention, (list, tuple)) else [contention])]
+    bases = [as_run(r) for r in (baseline if isinstance(baseline, (list, tuple)) else [baseline])]
+    base = victim_degradation(cons, bases, tenant, n_boot=n_boot, seed=seed)
+    tenant = base.attrs["tenant"]
+
+    def pct(runs):
+        recs = pd.concat([r.records for r in runs], ignore_index=True)
+        mine = (recs["tenant_name"].astype(str) == tenant).to_numpy() & _ok(recs)
+        out = {}
+        for m in ("ttft", "e2e"):
+            x = _num(recs, f"{m}_s")[mine] * 1e3
+            x = x[~np.isnan(x)]
+            for q in qs:
+                out[f"{m}_p{q:g}_ms"] = float(np.percentile(x, q)) if x.size else math.nan
+        return out
+    a, b = pct(cons), pct(bases)
+    rows = []
+    for k in list(a) + ["goodput_rps", "attainment"]:
+        c, al = (a[k], b[k]) if k in a else (base.loc[k, "contention"], base.loc[k, "alone"])
+        ratio = c / al if al not in (0, 0.0) and not math.isnan(al) else math.nan
+        rows.append({"metric": k, "contention": c, "alone": al, "ratio": ratio})
+    out = pd.DataFrame(rows).set_index("metric")
+    out.attrs["tenant"] = tenant
+    return out
+
+
+def victim_overview(results: dict, qs: Sequence[float] = QS, n_boot: int = 500) -> Optional[pd.DataFrame]:
+    """:func:`victim_table` for every scenario of ``results`` that names a victim and whose
+    baseline ran: index (scenario, policy, victim, metric); ``None`` when there is none."""
+    by_name: dict = {}
+    for (name, _), analyses in results.items():
+        by_name.setdefault(name, []).extend(a.run for a in analyses)
+    parts = []
+    for (name, pol), analyses in results.items():
+        scen = analyses[0].run.scenario
+        if scen.get("victim") and scen.get("baseline") in by_name:
+            vd = victim_table([a.run for a in analyses], by_name[scen["baseline"]], scen["victim"], qs, n_boot)
+            vd.index = pd.MultiIndex.from_product([[name], [pol], [scen["victim"]], list(vd.index)],
+                                                  names=["scenario", "policy", "victim", "metric"])
+            parts.append(vd)
+    return pd.concat(parts) if parts else None
+
+
+def goodput_chart(table: pd.DataFrame, color: str = "policy", title: Optional[str] = None,
+                  scale=None, facet: Optional[str] = None):
+    """SLO goodput (requests/s) and attainment (%) per tenant, one dot per ``color`` value (a
+    policy by default, in the book's policy colours), rows ``scenario: tenant``. ``table``: index
+    or columns ``scenario``, ``tenant``, ``color`` (and ``facet``), columns ``goodput_rps`` and
+    ``slo_attainment_pct`` (:func:`fairlib.tenantbench.goodput_overview`, :func:`live_table`)."""
+    measures = {"goodput_rps": "goodput (requests/s)", "slo_attainment_pct": "SLO attainment (%)"}
+    return _dot_chart(table, measures, color, scale, facet,
+                      title or "SLO goodput and attainment per tenant")
+
+
+def _dot_chart(table, measures: dict, color: str, scale=None, facet: Optional[str] = None,
+               title: str = "", hollow: Optional[str] = None):
+    """Dots per ``scenario: tenant`` row, one panel per measure (and per ``facet`` value); the
+    ``hollow`` value of ``color`` is drawn as a larger open ring, so that it shows around a dot
+    it coincides with."""
+    import altair as alt
+    d = table.reset_index() if any(n is not None for n in table.index.names) else table.copy()
+    if isinstance(d.columns, pd.MultiIndex):
+        raise ValueError("_dot_chart: flatten the columns first")
+    if "row" not in d.columns:
+        d["row"] = d["scenario"].astype(str) + ": " + d["tenant"].astype(str)
+    scen_rank = {n: i for i, n in enumerate(dict.fromkeys(d["scenario"]))}
+    ten_rank = {k: i for i, k in enumerate(dict.fromkeys(zip(d["scenario"], d["tenant"])))}
+    d["_rank"] = [(scen_rank[s], ten_rank[(s, t)]) for s, t in zip(d["scenario"], d["tenant"])]
+    rows = list(dict.fromkeys(d.sort_values("_rank", kind="mergesort")["row"]))
+    keep = ["row", color] + ([facet] if facet else [])
+    long = d[keep + list(measures)].melt(id_vars=keep, var_name="measure", value_name="value")
+    long["measure"] = long["measure"].map(measures)
+    long = long.dropna(subset=["value"])
+    long["value"] = long["value"].astype(float).round(3)
+    order = list(dict.fromkeys(d[color]))
+    if scale is None and color == "policy":
+        from .book import policy_scale
+        try:
+            scale = policy_scale(order)
+        except KeyError:                 # a label the book has no colour for (e.g. "server")
+            scale = None
+    col = alt.Color(f"{color}:N", sort=order, title=color, **({"scale": scale} if scale is not None else {}))
+    enc = {"x": alt.X("value:Q", title=None), "y": alt.Y("row:N", sort=rows, title=None), "color": col}
+    base = alt.Chart()
+    if hollow is None:
+        ch = base.mark_point(filled=True, size=45, opacity=0.85).encode(**enc)
+    else:
+        ring = alt.datum[color] == hollow
+        ch = alt.layer(base.transform_filter(~ring).mark_point(filled=True, size=35, opacity=1).encode(**enc),
+                       base.transform_filter(ring).mark_point(filled=False, size=110, strokeWidth=1.6,
+                                                              opacity=1).encode(**enc))
+    n_rows = max(len(set(g)) for _, g in d.groupby(facet)["row"]) if facet else len(rows)
+    ch = ch.properties(width=200, height=max(60, 16 * n_rows))
+    kw = {"column": alt.Column("measure:N", sort=list(measures.values()), title=None)}
+    if facet:
+        kw["row"] = alt.Row(f"{facet}:N", sort=list(dict.fromkeys(d[facet])), title=None)
+    return ch.facet(data=long, **kw).resolve_scale(
+        x="independent", y="independent" if facet else "shared").properties(title=title)
+
+
+# saved live runs: data/runs/<engine>/<scenario>/seed<k>
+def saved_live_runs(engines: Optional[Sequence[str]] = None, root=None) -> list:
+    """Every live run saved under ``root/<engine>/<scenario>/seed<k>`` (default ``data/runs``):
+    whatever scenarios and seeds are there, by engine (:data:`LIVE_ENGINES` first), scenario
+    (the scenario files' order) and seed. ``engines``: which engines (default every folder)."""
+    from .engines import repo_root
+    from .scenarios import available
+    root = Path(root) if root is not None else repo_root() / "data" / "runs"
+    if engines is None:
+        found = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        engines = [k for k in LIVE_ENGINES if k in found] + [k for k in found if k not in LIVE_ENGINES]
+    order = list(available())
+
+    def seed_of(p):
+        tail = p.name[4:]
+        return (0, int(tail)) if tail.isdigit() else (1, tail)
+    out = []
+    for k in engines:
+        d = root / k
+        if not d.is_dir():
+            raise FileNotFoundError(f"no saved live runs of engine {k!r} under {d}")
+        scen = sorted((p for p in d.iterdir() if p.is_dir()),
+                      key=lambda p: (order.index(p.name) if p.name in order else len(order), p.name))
+        for s in scen:
+            for p in sorted(s.glob("seed*"), key=seed_of):
+                if (p / "records.jsonl").exists():
+                    out.append(load_run(p))
+    return out
+
+
+def engine_of(run: Run) -> str:
+    """The engine a live run measured: its config's ``engine_kind``, else its folder."""
+    kind = run.extra.get("engine_kind")
+    if kind:
+        return str(kind)
+    return Path(run.path).parents[1].name if run.path else "?"
+
+
+def analyze_pairs(pairs, n_boot: int = 500, window_s: float = 10.0) -> dict:
+    """``{(engine, scenario): [(measured, simulated) RunAnalysis per seed]}`` of the
+    ``(measured, simulated)`` run pairs of ``fairlib.fidelity.simulate_pairs``."""
+    out: dict = {}
+    for m, s in pairs:
+        out.setdefault((engine_of(m), m.name), []).append(
+            (analyze_run(m, n_boot=n_boot, window_s=window_s), analyze_run(s, n_boot=n_boot, window_s=window_s)))
+    return out
+
+
+def _is_cut(a: RunAnalysis) -> bool:
+    return a.run.extra.get("cut_after_s") is not None
+
+
+def _kept(items: list) -> tuple:
+    """The pairs a table averages (the valid runs; every run when none is valid) and the label
+    that says which: ``"0, 1, 2"``, ``"0, 2 (1 invalid, left out)"``, ``"0 (INVALID)"``."""
+    valid = [p for p in items if p[0].validity["valid"]]
+    bad = [p for p in items if not p[0].validity["valid"]]
+    seeds = lambda ps: ", ".join(str(p[0].seed) for p in ps)       # noqa: E731
+    if not bad:
+        return items, seeds(items)
+    if valid:
+        return valid, f"{seeds(valid)} ({seeds(bad)} invalid, left out)"
+    return items, f"{seeds(items)} (INVALID)"
+
+
+def live_table(live: dict, columns: Sequence[str], skip_cut: bool = False) -> pd.DataFrame:
+    """Per (engine, scenario, seeds, tenant): each column of ``columns`` (a :func:`tenant_table`
+    or :func:`tenant_latency` column) measured and simulated, the mean over the valid runs of
+    the group (every run, marked ``INVALID`` in ``seeds``, when none is valid). ``skip_cut``:
+    leave out the groups whose live requests were cut at a deadline (their latencies and
+    goodput are not the simulator's; listed in ``attrs["skipped"]``)."""
+    parts, skipped = [], []
+    for (eng, name), items in live.items():
+        if skip_cut and _is_cut(items[0][0]):
+            skipped.append((eng, name))
+            continue
+        kept, label = _kept(items)
+        sides = []
+        for i, src in enumerate(SOURCES):
+            tabs = []
+            for p in kept:
+                t = tenant_table(p[i])
+                lat = tenant_latency(p[i])
+                tabs.append(t.join(lat[[c for c in lat.columns if c not in t.columns]]))
+            names = list(tabs[0].index)
+            mean = pd.concat(tabs).groupby(level="tenant", sort=False).mean().reindex(names)[list(columns)]
+            mean.columns = pd.MultiIndex.from_product([list(columns), [src]])
+            sides.append(mean)
+        t = pd.concat(sides, axis=1)[[(c, s) for c in columns for s in SOURCES]]
+        t.index = pd.MultiIndex.from_product([[eng], [name], [label], list(t.index)],
+                                             names=["engine", "scenario", "seeds", "tenant"])
+        parts.append(t)
+    out = pd.concat(parts) if parts else pd.DataFrame()
+    out.attrs["skipped"] = skipped
+    return out
+
+
+def live_validity(live: dict) -> pd.DataFrame:
+    """Per live run (engine, scenario, seed): ``valid`` (its summary's flag), ``verdict`` (``ok``
+    or ``INVALID: <reason>``), schedule lag p50/p99 (ms), requests completed of planned, the
+    load window (s) and whether the tables average it."""
+    rows = []
+    for (eng, name), items in live.items():
+        kept = {id(p) for p in _kept(items)[0]}
+        for p in items:
+            v = p[0].validity
+            rows.append({"engine": eng, "scenario": name, "seed": p[0].seed, "valid": v["valid"],
+                         "verdict": "ok" if v["valid"] else f"INVALID: {v['reason']}",
+                         "lag p50 (ms)": v["lag_p50_ms"], "lag p99 (ms)": v["lag_p99_ms"],
+                         "completed": f"{v['n_ok']} of {v['n_planned']}",
+                         "load window (s)": p[0].run.duration_s,
+                         "in the tables": "yes" if id(p) in kept else "no"})
+    return pd.DataFrame(rows).set_index(["engine", "scenario", "seed"])
+
+
+def live_victims(live: dict, qs: Sequence[float] = QS, n_boot: int = 500) -> Optional[pd.DataFrame]:
+    """:func:`victim_table` on each engine, measured and simulated: the contention scenario's
+    valid runs against its baseline's (every run, marked, when none is valid). Index (engine,
+    scenario, seeds, metric); columns (source, contention / alone / ratio)."""
+    parts = []
+    for (eng, name), items in live.items():
+        scen = items[0][0].run.scenario
+        victim, base = scen.get("victim"), scen.get("baseline")
+        if not victim or (eng, base) not in live:
+            continue
+        kc, lc = _kept(items)
+        kb, lb = _kept(live[(eng, base)])
+        sides = [victim_table([p[i].run for p in kc], [p[i].run for p in kb], victim, qs, n_boot)
+                 for i in range(len(SOURCES))]
+        t = pd.concat(sides, axis=1, keys=list(SOURCES))
+        t.index = pd.MultiIndex.from_product([[eng], [f"{name} / {base}"], [f"{lc} / {lb}"], list(t.index)],
+                                             names=["engine", "scenario", "seeds", "metric"])
+        parts.append(t)
+    return pd.concat(parts) if parts else None
+
+
+def live_chart(table: pd.DataFrame, measures: dict, title: str):
+    """Measured and simulated per tenant (dots; rows ``scenario: tenant``, ``(INVALID)`` when
+    the group has no valid run), one panel per measure and engine. ``table``: :func:`live_table`
+    with the columns of ``measures`` (column -> axis title)."""
+    d = table.stack(level=1) if int(pd.__version__.split(".")[0]) >= 3 else table.stack(level=1, future_stack=True)
+    d.index = d.index.set_names("source", level=-1)
+    d = d.reset_index()
+    inval = d["seeds"].str.contains("INVALID")
+    d["row"] = d["scenario"] + ": " + d["tenant"] + np.where(inval, " (INVALID)", "")
+    scale = _source_scale()
+    return _dot_chart(d, measures, "source", scale, "engine", title, hollow="simulated")
+
+
+def _source_scale():
+    import altair as alt
+    return alt.Scale(domain=list(SOURCES), range=["#1a1a1a", "#a0a0a0"])
