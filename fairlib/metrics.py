@@ -70,8 +70,9 @@ def jain_index(x, weights=None) -> float:
     top = y.max()
     if top == 0:
         return math.nan
-    y = y / top  # scale-free; avoids under/overflow of the squares
-    return float(y.sum() ** 2 / (y.size * np.dot(y, y)))
+    y = [float(v) for v in y / top]  # scale-free; avoids under/overflow of the squares
+    # exactly rounded sums (math.fsum): the same bits on every CPU, unlike np.dot (BLAS)
+    return math.fsum(y) ** 2 / (len(y) * math.fsum(v * v for v in y))
 
 
 # --- per-request latency -------------------------------------------------------------------
