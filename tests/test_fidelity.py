@@ -101,21 +101,42 @@ def test_victim_baseline_keeps_the_neighbor_scenarios_rates():
 
 
 def _saved_table():
-    runs = [r for k in fd.KINDS for r in fd.load_saved(k)]
+    names = list(fd.RECORD_SCENARIOS) + ["seed000"]
+    runs = [r for k in fd.KINDS for r in fd.load_saved(k, names)]
     return runs, fd.compare_all(fd.simulate_pairs(runs))
 
 
 def test_saved_runs_meet_the_chapter_bounds():
     runs, table = _saved_table()
-    assert len(runs) == 2 * len(fd.SCENARIOS)
+    names = set(fd.RECORD_SCENARIOS) | {"seed000"}
+    for k in fd.KINDS:
+        mine = [r for r in runs if r.extra.get("engine_kind") == k]
+        assert {(r.name, r.seed) for r in mine} == {(n, s) for n in names for s in fd.RECORD_SEEDS}
+        # the chapter leaves invalid runs out; at least two thirds of each engine's are valid
+        assert sum(bool(r.summary["valid"]) for r in mine) >= 2 * len(mine) / 3
     for r in runs:
-        assert r.backend == "http" and r.summary["n_ok"] == r.summary["n_planned"] > 0
-        assert set(p.name for p in Path(r.path).iterdir()) == set(fd.SAVED_FILES)
-    checks = fd.check(table)
+        assert r.backend == "http" and set(p.name for p in Path(r.path).iterdir()) == set(fd.SAVED_FILES)
+        if r.name == "seed000":    # cut after its window at 3x overload: some requests time out
+            assert r.summary["n_ok"] > 0 and set(r.records["error_class"]) <= {"none", "timeout"}
+        else:
+            assert r.summary["n_ok"] == r.summary["n_planned"] > 0
+    checks = fd.check(table, valid_only=True)
     assert all(ok for c in checks.values() for _, _, ok in c.values()), checks
-    summary = fd.error_summary(table)
+    summary = fd.error_summary(table, valid_only=True)
     pub = fd.published_table(summary)
     assert {"Vidur", "BLIS", "LLMServingSim 2.0"} <= set(pub["simulator"])
+
+
+def test_share_error_barely_depends_on_the_cost_model():
+    """Chapter 8's sensitivity claim on the saved runs: doubling iter_base moves the median share
+    error by less than two points and the median E2E p50 error by more than ten points of %."""
+    runs, _ = _saved_table()
+    sens = fd.sensitivity(runs, params=("iter_base_ms",), factors=(1.0, 2.0))
+    t = fd.sensitivity_table(sens)
+    for k in fd.KINDS:
+        fit1, dbl = t.loc[(k, "iter_base", 1.0)], t.loc[(k, "iter_base", 2.0)]
+        assert abs(dbl["machine share"] - fit1["machine share"]) < 2.0
+        assert abs(dbl["E2E p50"] - fit1["E2E p50"]) > 10.0
 
 
 def test_a_changed_schedule_is_refused():
@@ -137,4 +158,4 @@ def test_chapter1_saved_split_within_bound():
 def test_saved_data_is_small():
     total = sum(p.stat().st_size for p in (ROOT / "data" / "runs").rglob("*") if p.is_file())
     total += sum(p.stat().st_size for p in (ROOT / "data" / "engines").glob("*.json"))
-    assert total < 5 * 2 ** 20, f"data/runs + data/engines hold {total / 2**20:.1f} MiB"
+    assert total < 15 * 2 ** 20, f"data/runs + data/engines hold {total / 2**20:.1f} MiB"
