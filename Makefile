@@ -89,7 +89,7 @@ test: $(STAMP)
 # OpenBLAS on an older core, numba compiled for a generic x86-64. Stored outputs and saved data
 # must come out the same bits; numba keeps a separate cache entry for the generic target.
 test-portable: $(STAMP)
-	eval "$$($(PY) tests/numeric_env.py)"; env | grep -E '^(NPY_DISABLE|OPENBLAS_CORE|NUMBA_CPU)' ; \
+	envs="$$($(PY) tests/numeric_env.py)" && eval "$$envs" && env | grep -E '^(NPY_DISABLE|OPENBLAS_CORE|NUMBA_CPU)' && \
 	$(PY) -m pytest $(EXACT_TESTS) -q -m "not engine" -p no:cacheprovider && \
 	$(PY) -m pytest $(NBVAL_FLAGS) $(NOTEBOOKS) -q -p no:cacheprovider
 

@@ -316,9 +316,10 @@ def gap_parts(steps: pd.DataFrame) -> pd.Series:
     p, c, n, m = (float(steps.loc[s, "max/min"]) for s in QUOTA_STEPS)
     cost = ((p - c) + (n - m)) / 2.0
     count = ((p - n) + (c - m)) / 2.0
-    return pd.Series({"gap": p - m, "cost": cost, "count": count,
-                      "cost (% of gap)": cost / (p - m) * 100.0,
-                      "count (% of gap)": count / (p - m) * 100.0})
+    gap = p - m
+    return pd.Series({"gap": gap, "cost": cost, "count": count,
+                      "cost (% of gap)": cost / gap * 100.0 if gap else math.nan,
+                      "count (% of gap)": count / gap * 100.0 if gap else math.nan})
 
 
 def vtc_counters(scenario_for_seed: Callable, seeds, params: Optional[Mapping] = None,
@@ -326,6 +327,9 @@ def vtc_counters(scenario_for_seed: Callable, seeds, params: Optional[Mapping] =
     """A counter policy's own per-tenant counters at the end of each run (priced tokens for VTC:
     ``wp`` per prompt token admitted, ``wq`` per output token, lifts included). One row per seed:
     the tenants' counters, ``max/min`` and ``max - min``."""
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("vtc_counters: no seeds")
     rows = {}
     for seed in seeds:
         sc = scenario_for_seed(seed)
@@ -345,6 +349,9 @@ def paired_difference(a: pd.Series, b: pd.Series) -> pd.Series:
     d = (a - b).dropna()
     n = int(d.size)
     sd = float(d.std(ddof=1)) if n > 1 else math.nan
+    if n == 0:
+        return pd.Series({"mean": math.nan, "sd": math.nan, "se": math.nan, "min": math.nan,
+                          "max": math.nan, "a > b": 0, "runs": 0})
     return pd.Series({"mean": math.fsum(d) / n, "sd": sd, "se": sd / math.sqrt(n),
                       "min": float(d.min()), "max": float(d.max()),
                       "a > b": int((d > 0).sum()), "runs": n})

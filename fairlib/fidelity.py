@@ -831,23 +831,12 @@ def _wait_quiet(max_load: Optional[float], max_wait_s: float, log) -> float:
     return load
 
 
-def _lower_priority(eng, offset: int) -> int:
-    """Renice every thread of the engine's processes ``offset`` steps below this process (the
-    client), so that the engine, which uses every core it is given, cannot delay the client's
-    sends. Returns how many threads were reniced (0 off Linux or with ``offset`` 0)."""
-    import os
-    from .engines import _group_members
-    if not offset or eng.proc is None:
-        return 0
-    target, n = os.getpriority(os.PRIO_PROCESS, 0) + int(offset), 0
-    for pid in _group_members(eng.proc.pid):
-        for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(task.name), target)
-                n += 1
-            except OSError:
-                pass
-    return n
+def _engine_nice(eng) -> Optional[int]:
+    """The engine process's nice value as the kernel reports it (``/proc/PID/stat``), or None."""
+    try:
+        return int(Path(f"/proc/{eng.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def _wanted(root, kind, name, seeds, redo: str) -> list:
@@ -865,7 +854,7 @@ def record(kind: str, *, refit: bool = True, duration_s: float = 30.0, seeds: Se
            names: Optional[Sequence[str]] = None, seed000_duration_s: float = 20.0,
            seed000_seeds: Optional[Sequence[int]] = RECORD_SEEDS, redo: str = "all", work_dir=None,
            data_root: Optional[Path] = None, quiet_load: Optional[float] = 3.0, quiet_wait_s: float = 300.0,
-           engine_nice: int = 5, fit_path=None, fit_settings: Optional[dict] = None,
+           engine_nice: Optional[int] = None, fit_path=None, fit_settings: Optional[dict] = None,
            verbose: bool = True) -> dict:
     """Measure what the book keeps in ``data/`` for one engine: start it as the book does
     (``fairlib.fit.start``), fit its cost model (``refit``; else use the saved fit
@@ -876,8 +865,9 @@ def record(kind: str, *, refit: bool = True, duration_s: float = 30.0, seeds: Se
     again only the runs not saved, or saved invalid). ``data_root``: another ``runs`` folder.
     ``quiet_load``: before each run, wait up to ``quiet_wait_s`` for the 1-minute load average
     to fall to this (``None``: do not wait). ``engine_nice``: the engine runs this many nice
-    steps below the client (recorded with each run as ``engine_nice``): with two cores the
-    engine's busy threads otherwise delay the client's sends and the run is invalid.
+    steps below the client (default ``fairlib.engines.DEFAULT_NICE``; the nice value the kernel
+    reports for the engine is recorded with each run as ``engine_nice``). The runs saved on
+    2026-12-01 ran one step below the client.
     ``fit_path``: where the fit is read (and written with ``refit``) instead of
     ``data/engines/<kind>.json`` (the runs still name that file); ``fit_settings``: overrides of
     ``fairlib.fit.DEFAULTS`` for the refit (e.g. more ``repeats`` on a noisy machine)."""
@@ -898,11 +888,9 @@ def record(kind: str, *, refit: bool = True, duration_s: float = 30.0, seeds: Se
     if not any(todo.values()) and not todo0 and not refit:
         log(f"{kind}: nothing to measure")
         return out
-    with fitmod.start(kind) as eng:
-        log(f"{kind} started in {eng.startup_s:.1f} s")
-        if engine_nice:
-            log(f"engine {engine_nice} nice steps below the client: "
-                f"{_lower_priority(eng, engine_nice)} threads")
+    with fitmod.start(kind, nice=engine_nice) as eng:
+        nice_now = _engine_nice(eng)
+        log(f"{kind} started in {eng.startup_s:.1f} s, at nice {nice_now}")
         ffile = Path(fit_path) if fit_path is not None else fitmod.data_path(kind)
         if refit:
             res = fitmod.fit_engine(eng, out=ffile, verbose=verbose, **(fit_settings or {}))
@@ -910,7 +898,7 @@ def record(kind: str, *, refit: bool = True, duration_s: float = 30.0, seeds: Se
         fit = fitmod.load_fit(ffile)
         info = {"file": f"data/engines/{kind}.json", "date": fit.get("date")}
         cfg, tok = eng.endpoint_config(), eng.tokenizer()
-        extra = {"engine_nice": int(engine_nice)}
+        extra = {"engine_nice": nice_now}
         for n in names:
             if not todo[n]:
                 continue
@@ -954,7 +942,9 @@ def main(argv=None) -> int:
     r.add_argument("--quiet-load", type=float, default=3.0,
                    help="before each run, wait for the 1-minute load average to fall to this")
     r.add_argument("--quiet-wait-s", type=float, default=300.0)
-    r.add_argument("--engine-nice", type=int, default=5, help="run the engine this many nice steps below the client")
+    r.add_argument("--engine-nice", type=int, default=None,
+                   help="run the engine this many nice steps below the client "
+                        "(default: fairlib.engines.DEFAULT_NICE, 10)")
     r.add_argument("--fit-path", default=None, help="read (and, refitting, write) the fit here")
     r.add_argument("--fit-repeats", type=int, default=None, help="repeats of the refit's decode sweep")
     r.add_argument("--work-dir", default=None,

@@ -238,7 +238,9 @@ def normalise_url(url) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
         raise ValueError(f"{u!r} is not an endpoint URL: pass http://HOST:PORT/v1")
     path = parts.path.rstrip("/") or "/v1"
-    return f"{parts.scheme}://{parts.netloc}{path}"
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    netloc = host + (f":{parts.port}" if parts.port is not None else "")   # user:password dropped
+    return f"{parts.scheme}://{netloc}{path}"
 
 
 def server_identity(base_url: str, model: Optional[str] = None) -> dict:

@@ -2,6 +2,7 @@
 decomposition, paired differences, display rounding) and the portable sums of fairlib.sweep and
 fairlib.presets: hand-computed cases, conservation laws, agreement between independent paths."""
 import math
+from fractions import Fraction
 
 import numpy as np
 import pandas as pd
@@ -58,7 +59,7 @@ def test_mean_batch_bounds_the_busy_time(runs_batch):
     run = runs_batch.groupby(["policy", "seed"]).first()
     floor = run["iterations"] * (e.iter_base_ms + e.iter_slope_ms * run["mean_batch"])
     assert (run["busy_ms"] >= floor - 1e-6).all()
-    # the iteration that starts before the horizon completes (shared/spec/engine-model.md), so
+    # the iteration that starts before the horizon completes (book/engine-model.md), so
     # busy may pass the horizon by at most one iteration
     e_max = e.iteration_ms(e.max_batch, e.max_batch * presets.SEED000_PROMPT_TOKENS)
     assert (run["busy_ms"] <= run["horizon_ms"] + e_max).all()
@@ -283,6 +284,10 @@ def test_sweep_jain_equals_metrics_jain_on_random_vectors():
         n = int(rng.integers(1, 40))
         v = rng.exponential(1.0, n) * rng.choice([1e-6, 1.0, 1e6])
         assert abs(sweep._jain(v) - jain_index(v)) <= 1e-15
+        # against exact rational arithmetic on the same scaled values (fsum is exactly rounded)
+        y = [Fraction(float(x)) for x in v / v.max()]
+        exact = sum(y) ** 2 / (len(y) * sum(x * x for x in y))
+        assert abs(sweep._jain(v) - float(exact)) <= 4e-16
     assert sweep._jain(np.array([1.0, 1.0, 1.0])) == 1.0
     assert sweep._jain(np.array([5.0, 0.0, 0.0, 0.0])) == 0.25
     assert sweep._jain(np.array([100.0, 300.0, 300.0, 300.0])) == pytest.approx(25 / 28, rel=1e-15)

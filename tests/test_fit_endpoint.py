@@ -26,6 +26,8 @@ from fairlib.cli import main
 from fairlib.probe import load_engine as probe_load_engine
 from fairlib.serve import ServerProcess
 
+pytestmark = [pytest.mark.slow]   # a real-time server, fits and interrupted fits
+
 ROOT = Path(__file__).resolve().parents[1]
 TRUE = {"iter_base_ms": 6.0, "iter_slope_ms": 1.0, "prefill_ms_per_token": 0.04, "max_batch": 8}
 SERVE = ["--iter-base-ms", 6, "--iter-slope-ms", 1.0, "--prefill-ms-per-token", 0.04, "--max-batch", 8]
