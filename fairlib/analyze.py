@@ -557,13 +557,20 @@ def fairness(run, window="load", tenant_names=None, tick_tol_s: Optional[float] 
 
 
 # --- victim and validity -------------------------------------------------------------------------
-def _victim_numbers(runs: Sequence[Run], tenant: str, n_boot: int, seed: int) -> dict:
+def _tenant_ms(runs: Sequence[Run], tenant: str) -> dict:
+    """``{"ttft": ms, "e2e": ms}``: the successful requests of ``tenant`` over ``runs``."""
     recs = pd.concat([r.records for r in runs], ignore_index=True)
     mine = (recs["tenant_name"].astype(str) == tenant).to_numpy() & _ok(recs)
     out = {}
     for m in ("ttft", "e2e"):
         x = _num(recs, f"{m}_s")[mine] * 1e3
-        x = x[~np.isnan(x)]
+        out[m] = x[~np.isnan(x)]
+    return out
+
+
+def _victim_numbers(runs: Sequence[Run], tenant: str, n_boot: int, seed: int) -> dict:
+    out = {}
+    for m, x in _tenant_ms(runs, tenant).items():
         ci = percentile_cis(x, (50, 99), n_boot=n_boot, seed=seed)
         out[f"{m}_p50_ms"] = ci.loc[50.0, "estimate"]
         out[f"{m}_p99_ms"] = ci.loc[99.0, "estimate"]
@@ -998,12 +1005,8 @@ def victim_table(contention, baseline, tenant: Optional[str] = None, qs: Sequenc
     tenant = base.attrs["tenant"]
 
     def pct(runs):
-        recs = pd.concat([r.records for r in runs], ignore_index=True)
-        mine = (recs["tenant_name"].astype(str) == tenant).to_numpy() & _ok(recs)
         out = {}
-        for m in ("ttft", "e2e"):
-            x = _num(recs, f"{m}_s")[mine] * 1e3
-            x = x[~np.isnan(x)]
+        for m, x in _tenant_ms(runs, tenant).items():
             for q in qs:
                 out[f"{m}_p{q:g}_ms"] = float(np.percentile(x, q)) if x.size else math.nan
         return out
