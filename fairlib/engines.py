@@ -50,10 +50,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .client.endpoint import server_root
+
 __all__ = [
     "KINDS", "EngineStartError", "EngineProcess", "ModelTokenizer", "start_engine", "engine_available",
     "engines_dir", "repo_root", "free_port", "port_is_free", "default_model", "vllm_python",
-    "llama_server_path", "stop_all",
+    "llama_server_path", "stop_all", "DEFAULT_NICE", "nice_of",
 ]
 
 KINDS = ("fairlib", "vllm", "llamacpp", "external")
@@ -176,6 +178,15 @@ def stop_all() -> None:
 
 
 atexit.register(stop_all)
+
+
+def nice_of(pid: int) -> Optional[int]:
+    """A process's nice value as the kernel reports it (``/proc/PID/stat`` field 19; the command
+    name may hold spaces, so split after its closing parenthesis), or None off Linux."""
+    try:
+        return int(Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    except (OSError, ValueError, IndexError, TypeError):
+        return None
 
 
 def _pdeathsig(nice: int = 0):
@@ -314,8 +325,7 @@ class EngineProcess:
     # -- URLs
     @property
     def server_root(self) -> str:
-        root = self.base_url.rstrip("/")
-        return root[:-3] if root.endswith("/v1") else root
+        return server_root(self.base_url)
 
     @property
     def health_url(self) -> str:

@@ -50,6 +50,7 @@ import pandas as pd
 
 from . import analyze as an
 from .engine import Engine
+from .engines import nice_of
 from .records import Run, load_run, simulate_run
 
 __all__ = ["KINDS", "SCENARIOS", "GOALS", "CHECKS", "runs_root", "endpoint_config", "model_tokenizer",
@@ -831,14 +832,6 @@ def _wait_quiet(max_load: Optional[float], max_wait_s: float, log) -> float:
     return load
 
 
-def _engine_nice(eng) -> Optional[int]:
-    """The engine process's nice value as the kernel reports it (``/proc/PID/stat``), or None."""
-    try:
-        return int(Path(f"/proc/{eng.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-
-
 def _wanted(root, kind, name, seeds, redo: str) -> list:
     """The seeds of ``name`` still to measure: ``redo="all"`` every one, ``"missing"`` those not
     saved, ``"invalid"`` those not saved or saved invalid."""
@@ -889,7 +882,7 @@ def record(kind: str, *, refit: bool = True, duration_s: float = 30.0, seeds: Se
         log(f"{kind}: nothing to measure")
         return out
     with fitmod.start(kind, nice=engine_nice) as eng:
-        nice_now = _engine_nice(eng)
+        nice_now = nice_of(eng.pid)
         log(f"{kind} started in {eng.startup_s:.1f} s, at nice {nice_now}")
         ffile = Path(fit_path) if fit_path is not None else fitmod.data_path(kind)
         if refit:

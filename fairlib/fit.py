@@ -71,6 +71,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .client.endpoint import server_root
 from .engine import Engine
 from .probe import _run, decode_point, linear_fit, load_engine as _probe_load_engine  # _run: a coroutine from sync code
 
@@ -253,7 +254,7 @@ def server_identity(base_url: str, model: Optional[str] = None) -> dict:
     ``reachable``: it answered HTTP at all; ``error``: why ``/v1/models`` failed."""
     from .client.env import fetch_json
     base = str(base_url).rstrip("/")
-    root = base[:-3] if base.endswith("/v1") else base
+    root = server_root(base)
     out = {"base_url": base, "server_root": root, "host": _host(base), "reachable": False, "error": None,
            "models": None, "model": model, "model_root": None, "kind": None, "version": None, "server": None,
            "max_model_len": None, "max_num_seqs": None, "max_num_seqs_source": None}
@@ -332,8 +333,7 @@ class EndpointEngine:
 
     @property
     def server_root(self) -> str:
-        root = self.base_url.rstrip("/")
-        return root[:-3] if root.endswith("/v1") else root
+        return server_root(self.base_url)
 
     @property
     def metrics_url(self) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fairlib import engines
-from fairlib.engines import (DEFAULT_NICE, EngineStartError, ModelTokenizer, _flag_args, _group_members, engine_available,
+from fairlib.engines import (DEFAULT_NICE, EngineStartError, ModelTokenizer, nice_of, _flag_args, _group_members, engine_available,
                              free_port, port_is_free, start_engine)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,11 +253,6 @@ def test_fairlib_serve_end_to_end(tmp_path, monkeypatch):
     assert _gone(pgid) and port_is_free(port)
 
 
-def _nice_of(pid: int) -> int:
-    # /proc/PID/stat field 19 is the nice value (the comm field may hold spaces: split after ')')
-    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[16])
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_engine_runs_below_the_client_and_its_children_inherit(fake):
     """A real engine shares the machine with the client: it runs ``nice`` steps below it, and so
@@ -265,14 +260,14 @@ def test_engine_runs_below_the_client_and_its_children_inherit(fake):
     own = os.getpriority(os.PRIO_PROCESS, 0)
     eng = start_engine("fairlib", command=fake(0.2, "child"), nice=7)
     try:
-        assert _nice_of(eng.pid) == min(own + 7, 19)
+        assert nice_of(eng.pid) == min(own + 7, 19)
         deadline = time.monotonic() + 5
         while len(eng.pids()) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         kids = [p for p in eng.pids() if p != eng.pid]
-        assert kids and all(_nice_of(p) == min(own + 7, 19) for p in kids)
+        assert kids and all(nice_of(p) == min(own + 7, 19) for p in kids)
     finally:
         eng.stop()
     assert DEFAULT_NICE["vllm"] == DEFAULT_NICE["llamacpp"] == 10 and DEFAULT_NICE["fairlib"] == 0
     with start_engine("fairlib", command=fake(0.0)) as same:       # the test double: unchanged
-        assert _nice_of(same.pid) == own
+        assert nice_of(same.pid) == own

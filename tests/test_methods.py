@@ -313,7 +313,9 @@ def test_request_cost_by_tenant_by_hand():
     np.testing.assert_allclose(d8 - d, out * ((9 + 0.55 * 8) / 8 - per_seq), rtol=1e-9)
 
 
-def test_demand_example_on_hand_made_runs():
+def _hand_made_runs():
+    """A light tenant (100 of 750 ms/s) among three: one run served by water-filling half the
+    demand ("fair"), one split evenly ("even")."""
     names = list(presets.SEED000_TENANTS)
     build = lambda s: presets.seed000(seed=s, duration_s=10.0, flood=100.0 / 750.0, flood_tenant=0)  # noqa: E731
     d = methods.request_cost_by_tenant(build(0), 0)
@@ -323,6 +325,11 @@ def test_demand_example_on_hand_made_runs():
         {"seed": 0, "policy": "fair", "busy_ms": busy, **{f"share_{n}": f / busy for n, f in zip(names, fair)}},
         {"seed": 0, "policy": "even", "busy_ms": busy, **{f"share_{n}": 0.25 for n in names}},
     ])
+    return names, build, d, busy, fair, runs
+
+
+def test_demand_example_on_hand_made_runs():
+    names, build, d, busy, fair, runs = _hand_made_runs()
     t = methods.demand_example(runs, build, names)
     assert len(t) == 8 and list(t["tenant"]) == names * 2
     np.testing.assert_allclose(t["demand_ms"], np.concatenate([d, d]), rtol=1e-15)
@@ -340,15 +347,7 @@ def test_demand_example_on_hand_made_runs():
 
 
 def test_demand_table_rows_and_water_filling_row():
-    names = list(presets.SEED000_TENANTS)
-    build = lambda s: presets.seed000(seed=s, duration_s=10.0, flood=100.0 / 750.0, flood_tenant=0)  # noqa: E731
-    d = methods.request_cost_by_tenant(build(0), 0)
-    busy = 0.5 * float(d.sum())
-    fair = water_fill(d, busy)
-    runs = pd.DataFrame([
-        {"seed": 0, "policy": "fair", "busy_ms": busy, **{f"share_{n}": f / busy for n, f in zip(names, fair)}},
-        {"seed": 0, "policy": "even", "busy_ms": busy, **{f"share_{n}": 0.25 for n in names}},
-    ])
+    names, build, d, busy, fair, runs = _hand_made_runs()
     t = methods.demand_table(methods.demand_example(runs, build, names), names, {"even": "EVEN"})
     assert list(t.index) == ["fair", "EVEN", "water-filling"]
     assert list(t.columns) == names + ["Jain (raw)", "Jain (demand-normalised)"]

@@ -13,7 +13,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-__all__ = ["EndpointConfig", "build_request"]
+__all__ = ["EndpointConfig", "build_request", "server_root"]
+
+
+def server_root(base_url: str) -> str:
+    """An OpenAI base URL without its trailing ``/v1``: where ``/metrics``, ``/health`` and
+    ``/version`` live."""
+    root = str(base_url).rstrip("/")
+    return root[:-3] if root.endswith("/v1") else root
 
 
 @dataclass(frozen=True)
@@ -43,8 +50,7 @@ class EndpointConfig:
     @property
     def server_root(self) -> str:
         """``base_url`` without a trailing ``/v1``: where ``/metrics`` and ``/version`` live."""
-        root = self.base_url.rstrip("/")
-        return root[:-3] if root.endswith("/v1") else root
+        return server_root(self.base_url)
 
     @property
     def resolved_metrics_url(self) -> str:
