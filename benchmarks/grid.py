@@ -1,4 +1,4 @@
-"""Benchmark: the full reference grid (fairlib.sweep.reference_grid: 12 floods x 12 spreads x
+"""Benchmark: the full reference grid (fairlib.chapters.grid.reference_grid: 12 floods x 12 spreads x
 12 seeds = 1,728 configurations of the seed-000 scenario, 120 s each, x 9 policies = 15,552 runs),
 then the plain-Python reference (tests/reference_sim.py) on a sample of the same runs, measured
 in this process against the compiled lean path on the same runs.
@@ -29,9 +29,10 @@ os.environ.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".cache" / "numba"))
 
 import fairlib  # noqa: E402
 from fairlib import sweep  # noqa: E402
+from fairlib.chapters import grid
 from fairlib.sim import loop  # noqa: E402
-from fairlib.policies import make_policy  # noqa: E402
-from fairlib.simulate import RequestArrays  # noqa: E402
+from fairlib.sim.policies import make_policy  # noqa: E402
+from fairlib.sim.simulate import RequestArrays  # noqa: E402
 
 
 def sample_runs(spec, k, seed=0):
@@ -62,7 +63,7 @@ def compare_reference(spec, k):
         t0 = time.perf_counter()
         S, pf, pi = table.state(eng, pol)
         loop.run(S, eng.kernel_params(), pol.pid, pf, pi, h)
-        row = sweep.summarize(S, table.n, names, pol.counters(pf, len(names)))
+        row = sweep.summarize_state(S, table.n, names, pol.counters(pf, len(names)))
         t1 = time.perf_counter()
         _, ten, _ = reference_simulate(df, n_tenants=len(names), iter_base_ms=eng.iter_base_ms,
                                        iter_slope_ms=eng.iter_slope_ms, prefill_ms_per_token=eng.prefill_ms_per_token,
@@ -80,13 +81,13 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=None, help="process-pool workers (default: os.cpu_count())")
     ap.add_argument("--seeds", type=int, default=None, help="use only the first N seeds (a smaller grid)")
     ap.add_argument("--sample", type=int, default=20, help="runs timed against the plain-Python reference")
-    ap.add_argument("--out", default=str(sweep.GRID_FILE), help="where to save the table (.csv.gz)")
+    ap.add_argument("--out", default=str(grid.GRID_FILE), help="where to save the table (.csv.gz)")
     ap.add_argument("--save", dest="save", action="store_true", default=None, help="save the table")
     ap.add_argument("--no-save", dest="save", action="store_false", help="do not save the table")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
 
-    spec = sweep.reference_grid()
+    spec = grid.reference_grid()
     if args.seeds is not None:
         spec["seeds"] = spec["seeds"][: args.seeds]
     save = args.save if args.save is not None else args.seeds is None
@@ -128,11 +129,11 @@ def main(argv=None):
 
     if save:
         meta = {
-            "what": "fairlib.sweep.reference_grid(): seed-000 scenario, flood x spread x seed x policy",
+            "what": "fairlib.chapters.grid.reference_grid(): seed-000 scenario, flood x spread x seed x policy",
             "parameters": {
                 "floods": list(spec["grid"]["flood"]), "spreads": list(spec["grid"]["spread"]),
-                "seeds": list(spec["seeds"]), "flood_tenant": sweep.FLOOD_TENANT,
-                "flood_tenant_name": "agent" if sweep.FLOOD_TENANT == 3 else str(sweep.FLOOD_TENANT),
+                "seeds": list(spec["seeds"]), "flood_tenant": grid.FLOOD_TENANT,
+                "flood_tenant_name": "agent" if grid.FLOOD_TENANT == 3 else str(grid.FLOOD_TENANT),
                 "duration_s": 120.0, "horizon_ms": 120000.0,
                 "policies": {p.label: {"name": p.name, "params": (p.params.__name__ if callable(p.params)
                                                                    else dict(p.params))}
@@ -146,8 +147,8 @@ def main(argv=None):
                           "python": platform.python_version(), "numba": __import__("numba").__version__,
                           "machine": platform.machine()},
         }
-        path = sweep.save_grid(table, args.out, meta)
-        print(f"saved {path} ({path.stat().st_size / 1e6:.1f} MB) and {sweep._sidecar_path(path).name}")
+        path = grid.save_grid(table, args.out, meta)
+        print(f"saved {path} ({path.stat().st_size / 1e6:.1f} MB) and {grid._sidecar_path(path).name}")
     return table
 
 

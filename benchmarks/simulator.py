@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import fairlib  # noqa: E402
-from fairlib import presets  # noqa: E402
-from fairlib.simulate import build_state, validate_requests  # noqa: E402
+from fairlib.chapters import presets  # noqa: E402
+from fairlib.sim.simulate import build_state, validate_requests  # noqa: E402
 from fairlib.sim import loop  # noqa: E402
 from fairlib.sim.state import DECODE_TOKENS, ITERATIONS  # noqa: E402
 from reference_sim import reference_simulate  # noqa: E402

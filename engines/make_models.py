@@ -14,7 +14,7 @@ other token zero there). Every generated token is then a whole ASCII piece: one 
 token on every server, and ``max_tokens`` is always reached, with or without ``ignore_eos``.
 
 Both files share the token ids: 0 ``<unk>``, 1 ``<s>``, 2 ``</s>``, 3..258 byte tokens
-``<0x00>``..``<0xFF>``, then normal pieces (``▁`` marks a word start). ``fairlib.engines``'s
+``<0x00>``..``<0xFF>``, then normal pieces (``▁`` marks a word start). ``fairlib.calibrate.lifecycle``'s
 ``ModelTokenizer`` reads ``tokenizer.json`` to build exact-length token-id prompts.
 
 Usage: python engines/make_models.py [--out .engines/models] [--seed 0] [--layers 4]

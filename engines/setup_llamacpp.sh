@@ -9,7 +9,7 @@
 # Flags (shared/reference/real-engines.md): Release; no curl/openssl; no tests/examples; no web UI,
 # and LLAMA_USE_PREBUILT_UI=OFF (it defaults to downloading the UI at build time: no network here).
 #
-# Env: FAIRLIB_ENGINES_DIR (default <repo>/.engines; fairlib.engines reads it too),
+# Env: FAIRLIB_ENGINES_DIR (default <repo>/.engines; fairlib.calibrate.lifecycle reads it too),
 #      LLAMA_CPP_PYTHON_VERSION (default 0.3.36), JOBS (default 2).
 set -euo pipefail
 

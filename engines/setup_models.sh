@@ -4,7 +4,7 @@
 # Cached: the tools venv by a stamp of its pins, the models by engines/make_models.py itself.
 # Extra arguments go to make_models.py (e.g. --force, --seed 1).
 #
-# Env: PYTHON3 (default python3), FAIRLIB_ENGINES_DIR (default <repo>/.engines; fairlib.engines reads it too).
+# Env: PYTHON3 (default python3), FAIRLIB_ENGINES_DIR (default <repo>/.engines; fairlib.calibrate.lifecycle reads it too).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

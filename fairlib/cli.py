@@ -5,7 +5,7 @@
     fairlib simulate --scenario noisy_neighbor --seed 0 --out runs/nn-sim/s0
     fairlib probe    --endpoint http://127.0.0.1:8000/v1 --out probe.json
     fairlib fit      --endpoint http://127.0.0.1:8000/v1 --max-batch 16 --out runs/fits/vllm.json
-    fairlib analyze  RUN_DIR ... (fairlib.analyze)
+    fairlib analyze  RUN_DIR ... (fairlib.analysis)
 
 ``serve`` is a test double (the engine model in real time, fairlib.serve), never an engine.
 ``run`` sends a scenario's schedule open-loop to an endpoint and writes a run directory
@@ -13,7 +13,7 @@
 (fairlib.records), so ``analyze`` reads both the same way. Load: a scenario file states ``rho``
 (offered load relative to capacity); ``--rho`` replaces it, ``--rate-scale`` multiplies it, and
 ``--capacity-file`` (a ``fairlib probe`` or ``fairlib fit`` result) makes it relative to the probed engine.
-``fit`` fits the cost model of any endpoint in the format of ``fairlib.fit`` (what chapters 1 and 8
+``fit`` fits the cost model of any endpoint in the format of ``fairlib.calibrate.fit`` (what chapters 1 and 8
 read as ``fit_file``), with the endpoint's identity; ``probe`` is the quicker one-context sweep.
 """
 from __future__ import annotations
@@ -24,6 +24,18 @@ import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
+
+from fairlib import analysis as analyze
+from fairlib import scenarios
+from fairlib.backend import default_run_dir, run_scenario
+from fairlib.calibrate import fit as fitmod
+from fairlib.calibrate.fit import normalise_url
+from fairlib.calibrate.probe import probe
+from fairlib.client import EndpointConfig
+from fairlib.client.endpoint import resolve_model
+from fairlib.serve.server import add_arguments as add_serve_arguments
+from fairlib.serve.server import config_from_args, serve_forever
+from fairlib.sim.policies import parse_policy_param
 
 __all__ = ["main", "build_parser", "load_tokenizer", "load_spec"]
 
@@ -53,7 +65,6 @@ def load_tokenizer(name: Optional[str]):
 
 def load_spec(scenario: str, *, rho=None, rate_scale=None, capacity_file=None, duration_s=None):
     """A scenario file (name or path) as a ``ScenarioSpec`` with the load options applied."""
-    from . import scenarios
 
     spec = scenarios.load(scenario, capacity=capacity_file, duration_s=duration_s, rho=rho)
     if rate_scale is not None:
@@ -64,18 +75,17 @@ def load_spec(scenario: str, *, rho=None, rate_scale=None, capacity_file=None, d
 
 
 def _policy_params(items) -> dict:
-    from .serve.server import _policy_param
-    return dict(_policy_param(s) for s in items or [])
+    try:
+        return dict(parse_policy_param(s) for s in items or [])
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def _resolve_model(endpoint: str) -> str:
-    from .client.env import fetch_json
-    got = fetch_json(endpoint.rstrip("/") + "/models")
     try:
-        return str(got["body"]["data"][0]["id"])
-    except (KeyError, IndexError, TypeError):
-        raise SystemExit(f"{endpoint}/models did not list a model ({got.get('error') or got.get('body')}); "
-                         "pass --model") from None
+        return resolve_model(endpoint)
+    except ValueError as e:
+        raise SystemExit(f"{e} (--model)") from None
 
 
 def _add_load_options(p) -> None:
@@ -92,7 +102,6 @@ def _add_load_options(p) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .serve.server import add_arguments as add_serve_arguments
 
     p = argparse.ArgumentParser(prog="fairlib", description=__doc__.split("\n\n")[0].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -148,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Measure an endpoint (vLLM, llama.cpp's server, any OpenAI-compatible server) "
                                    "and fit the engine model's cost model to it: the decode step against the running "
                                    "batch at several contexts, and the prefill cost. Writes the format of "
-                                   "fairlib.fit (fit.load_fit / load_engine / engine_at), with the endpoint's "
+                                   "fairlib.calibrate.fit (fit.load_fit / load_engine / engine_at), with the endpoint's "
                                    "identity (URL, model, server kind and version, batch limit, context window), "
                                    "the client machine and the date. Pass the file to a chapter as fit_file.")
     f.add_argument("--endpoint", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
@@ -170,38 +179,30 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--note", default="", help="a note kept in the file")
     f.add_argument("--quiet", action="store_true", help="no progress lines")
 
-    sub.add_parser("analyze", help="report on run directories (fairlib.analyze; 'fairlib analyze -h')",
+    sub.add_parser("analyze", help="report on run directories (fairlib.analysis; 'fairlib analyze -h')",
                    add_help=False)
     return p
 
 
 # --- subcommands ------------------------------------------------------------------------------
 
-def _default_out(spec, backend: str, seed: int) -> Path:
-    return Path("runs") / spec.name / backend / f"seed{seed}"
-
-
 def cmd_run(a) -> int:
-    from .client import EndpointConfig, build_schedule, run
-
     spec = load_spec(a.scenario, rho=a.rho, rate_scale=a.rate_scale, capacity_file=a.capacity_file,
                      duration_s=a.duration_s)
     seed = spec.seeds[0] if a.seed is None else a.seed
     model = a.model or _resolve_model(a.endpoint)
-    tok = load_tokenizer(a.tokenizer)
-    schedule = build_schedule(spec.requests(seed), seed, api=a.api, tokenizer=tok,
-                              tenant_names=list(spec.tenant_names))
-    cfg = EndpointConfig(base_url=a.endpoint, model=model, api=a.api, ignore_eos=a.ignore_eos,
-                         send_min_tokens=a.send_min_tokens, send_priority=a.send_priority, timeout_s=a.timeout_s)
-    out = Path(a.out) if a.out else _default_out(spec, "http", seed)
-    extra = {"scenario": spec.to_dict(), "seed": int(seed), "backend": "http", "policy": a.server_policy,
-             "tokenizer": a.tokenizer, "cli": {"rho": a.rho, "rate_scale": a.rate_scale,
-                                               "capacity_file": a.capacity_file}}
-    print(f"fairlib run: {spec.name} seed {seed}: {len(schedule)} requests over {spec.duration_s:g} s "
-          f"({schedule.rate_rps or 0:.2f} req/s) -> {a.endpoint} ({model}); run directory {out}", flush=True)
-    summary = run(schedule, cfg, out, workers=a.workers, lag_threshold_ms=a.lag_threshold_ms,
-                  scrape_metrics=not a.no_metrics, config_extra=extra, overwrite=a.overwrite)
-    _print_summary(summary, out)
+    n = len(spec.requests(seed))
+    out = Path(a.out) if a.out else default_run_dir(spec, "http", seed)
+    extra = {"tokenizer": a.tokenizer, "cli": {"rho": a.rho, "rate_scale": a.rate_scale,
+                                                "capacity_file": a.capacity_file}}
+    print(f"fairlib run: {spec.name} seed {seed}: {n} requests over {spec.duration_s:g} s "
+          f"({n / spec.duration_s:.2f} req/s) -> {a.endpoint} ({model}); run directory {out}", flush=True)
+    run = run_scenario(spec, seed, "http", endpoint=a.endpoint, model=model, api=a.api, run_dir=out,
+                       ignore_eos=a.ignore_eos, send_min_tokens=a.send_min_tokens, send_priority=a.send_priority,
+                       timeout_s=a.timeout_s, server_policy=a.server_policy, workers=a.workers,
+                       lag_threshold_ms=a.lag_threshold_ms, scrape_metrics=not a.no_metrics, config_extra=extra,
+                       overwrite=a.overwrite, tokenizer=load_tokenizer(a.tokenizer), handle_sigint=True)
+    _print_summary(run.summary, out)
     return 0
 
 
@@ -218,17 +219,13 @@ def _print_summary(summary: dict, out) -> None:
 
 
 def cmd_simulate(a) -> int:
-    from .records import simulate_run, write_run_dir
-
     spec = load_spec(a.scenario, rho=a.rho, rate_scale=a.rate_scale, capacity_file=a.capacity_file,
                      duration_s=a.duration_s)
     seed = spec.seeds[0] if a.seed is None else a.seed
     policy = a.policy or spec.policy
-    params = _policy_params(a.policy_param) if a.policy else {**spec.policy_params, **_policy_params(a.policy_param)}
-    run = simulate_run(spec, seed, policy, api=a.api, **params)
-    run.config["extra"]["policy"] = policy
-    out = Path(a.out) if a.out else _default_out(spec, "sim", seed)
-    write_run_dir(run.records, out, run.config, run.summary, overwrite=a.overwrite)
+    out = Path(a.out) if a.out else default_run_dir(spec, "sim", seed)
+    run = run_scenario(spec, seed, "sim", policy=a.policy, policy_params=_policy_params(a.policy_param), api=a.api,
+                       run_dir=out, overwrite=a.overwrite)
     print(f"fairlib simulate: {spec.name} seed {seed}, policy {policy}: {len(run.records)} requests "
           f"({spec.duration_s:g} s of arrivals) -> {out}")
     return 0
@@ -242,9 +239,6 @@ def _ints(text: str, name: str) -> list:
 
 
 def cmd_probe(a) -> int:
-    from .client import EndpointConfig
-    from .fit import normalise_url
-    from .probe import probe
 
     a.endpoint = normalise_url(a.endpoint)
     model = a.model or _resolve_model(a.endpoint)
@@ -282,7 +276,6 @@ def _fit_settings(a) -> dict:
 
 def cmd_fit(a) -> int:
     """``fairlib fit``: stops on Ctrl-C or SIGTERM with one line (nothing written), exit 130 / 143."""
-    from . import fit as fitmod
 
     settings = _fit_settings(a)
     tok = load_tokenizer(a.tokenizer)
@@ -323,13 +316,11 @@ def cmd_fit(a) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "analyze":
-        from . import analyze
         if not hasattr(analyze, "main"):
-            raise SystemExit("fairlib analyze: fairlib.analyze.main is not available")
+            raise SystemExit("fairlib analyze: fairlib.analysis.main is not available")
         return int(analyze.main(argv[1:]) or 0)
     a = build_parser().parse_args(argv)
     if a.cmd == "serve":
-        from .serve.server import config_from_args, serve_forever
         try:
             cfg = config_from_args(a)
         except ValueError as e:

@@ -1,11 +1,11 @@
 """Sweeps: a grid of scenarios x seeds x policies, run in parallel, one tidy row per run.
 
-    from fairlib import presets, sweep
+    from fairlib import sweep
+    from fairlib.chapters import presets
     table = sweep.sweep(presets.seed000, grid={"flood": [1, 2, 4]}, seeds=range(3),
                         policies=["fcfs", ("vtc", "vtc", {"wp": 1, "wq": 2})])
 
-    table = sweep.run_reference_grid()            # the book's reference grid (chapter 3)
-    table = sweep.load_grid()                     # ... or the saved one (data/grid_seed000.csv.gz)
+The book's reference grid (chapters 2-4) is ``fairlib.chapters.grid``.
 
 Each grid point and seed builds one request table (``build(**point).requests(seed)``), and every
 policy runs on that same table: the policies of one row group see identical requests. A run goes
@@ -40,32 +40,42 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import multiprocessing as mp
 import os
-import subprocess
 import sys
+import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
 
-from .policies import make_policy
-from .sim import loop
-from .simulate import RequestArrays
-from .sim.state import (ARRIVAL, BUSY_MS, DECODE_TOKENS, FINISH, FINISHED, FIRST, ITERATIONS, STATUS, T_ADMITTED,
-                        T_DECODE, T_FINISHED, T_MACHINE, T_NOW, T_PREFILL, T_REJECTED, T_TOKENS)
-from .workload import Scenario
+from fairlib.analysis.indices import jain_index, max_min_ratio
+from fairlib.sim import loop
+from fairlib.sim.policies import make_policy
+from fairlib.sim.simulate import RequestArrays
+from fairlib.sim.state import (
+    ARRIVAL,
+    BUSY_MS,
+    DECODE_TOKENS,
+    FINISH,
+    FINISHED,
+    FIRST,
+    ITERATIONS,
+    STATUS,
+    T_ADMITTED,
+    T_DECODE,
+    T_FINISHED,
+    T_MACHINE,
+    T_NOW,
+    T_PREFILL,
+    T_REJECTED,
+    T_TOKENS,
+)
+from fairlib.workload import Scenario, Tenant
 
-__all__ = ["PolicySpec", "sweep", "run_scenario", "summarize", "reference_grid", "reference_policies",
-           "run_reference_grid", "save_grid", "load_grid", "grid_scenario", "operator_rpm_limit",
-           "REFERENCE_FLOODS", "REFERENCE_SPREADS", "REFERENCE_SEEDS", "SEED000_SPREAD", "FLOOD_TENANT",
-           "GRID_FILE", "RUN_COLUMNS", "TENANT_COLUMNS"]
-
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-GRID_FILE = DATA_DIR / "grid_seed000.csv.gz"
+__all__ = ["PolicySpec", "sweep", "run_point", "summarize_state", "RUN_COLUMNS", "TENANT_COLUMNS"]
 
 #: Per-run columns after the grid's parameters, in order (tenant columns follow).
 RUN_COLUMNS = ("policy", "policy_name", "policy_params", "requests", "rejected", "admitted", "finished",
@@ -137,29 +147,13 @@ def _json_params(params: dict) -> str:
     return json.dumps({k: plain(v) for k, v in sorted(params.items())}, separators=(",", ":"))
 
 
-def _ratio(v: np.ndarray) -> float:
-    """max/min as fairlib.metrics.max_min_ratio: NaN if all are 0, inf if only some are."""
-    if v.size == 0 or not np.all(np.isfinite(v)):
-        return math.nan
-    hi, lo = v.max(), v.min()
-    if hi == 0:
-        return math.nan
-    if lo <= 0:
-        return math.inf if lo == 0 else math.nan
-    return float(hi / lo)
+def _index(f, v: np.ndarray) -> float:
+    """``f`` (``jain_index`` or ``max_min_ratio``) of ``v``; NaN where it is undefined (no service
+    at all, a NaN share)."""
+    return f(v) if v.size and np.all(np.isfinite(v)) and np.all(v >= 0) and v.max() > 0 else math.nan
 
 
-def _jain(v: np.ndarray) -> float:
-    """Jain's index as fairlib.metrics.jain_index: (sum y)^2 / (n sum y^2), y scaled by its max.
-    Sums with ``math.fsum`` (exactly rounded, so the same bits on every CPU; ``np.dot`` goes
-    through BLAS, whose kernel and summation order depend on the processor)."""
-    if v.size == 0 or not np.all(np.isfinite(v)) or v.max() == 0:
-        return math.nan
-    y = [float(x) for x in v / v.max()]
-    return math.fsum(y) ** 2 / (len(y) * math.fsum(x * x for x in y))
-
-
-def summarize(S, n: int, names: Sequence[str], counters: Optional[np.ndarray]) -> dict:
+def summarize_state(S, n: int, names: Sequence[str], counters: Optional[np.ndarray]) -> dict:
     """The sweep's row (without the grid and policy columns) from a run's final state arrays
     (fairlib/sim/state.py). ``counters``: the policy's per-tenant counters, or None."""
     RF, RI, TF, TI = S.RF, S.RI, S.TF, S.TI
@@ -183,8 +177,8 @@ def summarize(S, n: int, names: Sequence[str], counters: Optional[np.ndarray]) -
         "busy_ms": busy, "end_ms": float(S.sf[T_NOW]), "iterations": int(S.si[ITERATIONS]),
         "decode_tokens": int(S.si[DECODE_TOKENS]),
         "prefill_frac": float(TF[T_PREFILL].sum() / busy) if busy > 0 else math.nan,
-        "max_min": _ratio(share), "jain": _jain(share),
-        "counter_max_min": _ratio(np.asarray(counters, float)) if counters is not None else math.nan,
+        "max_min": _index(max_min_ratio, share), "jain": _index(jain_index, share),
+        "counter_max_min": _index(max_min_ratio, np.asarray(counters, float)) if counters is not None else math.nan,
         "ttft_p50": ttft[0], "ttft_p99": ttft[1], "e2e_p50": e2e[0], "e2e_p99": e2e[1],
     }
     for i, name in enumerate(names):
@@ -198,10 +192,10 @@ def summarize(S, n: int, names: Sequence[str], counters: Optional[np.ndarray]) -
     return row
 
 
-def run_scenario(scenario: Scenario, seed: int, policies, horizon_ms: Optional[float] = None) -> list:
+def run_point(scenario: Scenario, seed: int, policies, horizon_ms: Optional[float] = None) -> list:
     """Run every policy on ``scenario.requests(seed)`` through the lean path; one row (dict) per
     policy, in order, without grid columns: ``policy``, ``policy_name``, ``policy_params`` and
-    the columns :func:`summarize` gives."""
+    the columns :func:`summarize_state` gives."""
     specs = _specs(policies)
     df = scenario.requests(seed)
     names = [str(x) for x in scenario.tenant_names]
@@ -219,7 +213,7 @@ def run_scenario(scenario: Scenario, seed: int, policies, horizon_ms: Optional[f
         S, pf, pi = table.state(engine, pol)
         loop.run(S, E, pol.pid, pf, pi, h)
         row = {"policy": spec.label, "policy_name": spec.name, "policy_params": _json_params(params)}
-        row.update(summarize(S, table.n, names, pol.counters(pf, len(names))))
+        row.update(summarize_state(S, table.n, names, pol.counters(pf, len(names))))
         rows.append(row)
     return rows
 
@@ -229,20 +223,17 @@ def _run_chunk(build, tasks, specs, horizon_ms):
     out = []
     for index, point, seed in tasks:
         scenario = build(**point)
-        out.append((index, run_scenario(scenario, seed, specs, horizon_ms)))
+        out.append((index, run_point(scenario, seed, specs, horizon_ms)))
     return out
 
 
 def _warm():
     """Load (or compile) the kernel in this process, so forked workers inherit it."""
-    from .presets import seed000
-    sc = seed000(duration_s=1.0)
-    run_scenario(sc, 0, ["fcfs"], 100.0)
+    sc = Scenario((Tenant("warm", output=8, prompt=16, rate_rps=20.0),), duration_s=1.0)
+    run_point(sc, 0, ["fcfs"], 100.0)
 
 
 def _default_context():
-    import multiprocessing as mp
-    import threading
     # fork is cheapest (workers inherit the loaded kernel) but unsafe once the parent runs threads
     if "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
         return mp.get_context("fork")
@@ -376,157 +367,3 @@ class _Fixed:
 
     def __call__(self):
         return self.scenario
-
-
-# --- the reference grid (chapter 3) -------------------------------------------------------
-def _seed000_means():
-    from .presets import SEED000_OUTPUT_MEANS
-    return SEED000_OUTPUT_MEANS
-
-
-#: The seed's own output-length spread: longest / shortest mean output (353.8 / 23.7 = 14.93).
-SEED000_SPREAD = max(_seed000_means()) / min(_seed000_means())
-#: Flood levels: one tenant's offered load times k, k = 1.0 .. 6.5 step 0.5.
-REFERENCE_FLOODS = tuple(1.0 + 0.5 * i for i in range(12))
-#: Output-length spreads (longest / shortest mean), geometric from 1 (all equal) to the seed's
-#: own 14.93 (the last is the seed's scenario exactly): ``S ** (i / 11)`` rounded to 12
-#: significant digits, so the grid is the same on every CPU (``np.geomspace`` uses numpy's SIMD
-#: ``exp``/``log``, whose last bit differs between AVX2 and AVX-512 processors).
-REFERENCE_SPREADS = tuple(float(f"{SEED000_SPREAD ** (i / 11):.12g}") for i in range(12))
-REFERENCE_SEEDS = tuple(range(12))
-#: The flooded tenant: the agent (index 3), which reproduces the published flood sweep (FCFS
-#: 1.17 -> 7.00, crossing VTC near k = 3.3) better than classify; see reference_grid().
-FLOOD_TENANT = 3
-
-
-def grid_scenario(flood: float = 1.0, spread: Optional[float] = None, duration_s: float = 120.0,
-                  flood_tenant: int = FLOOD_TENANT) -> Scenario:
-    """The seed-000 scenario at one grid point: ``presets.seed000(flood=flood,
-    flood_tenant=flood_tenant, spread=spread)``; a spread equal to the seed's own
-    (:data:`SEED000_SPREAD`) uses the published means as they are (``spread=None``)."""
-    from .presets import seed000
-    if spread is not None and math.isclose(spread, SEED000_SPREAD, rel_tol=1e-12):
-        spread = None
-    return seed000(flood=flood, flood_tenant=flood_tenant, spread=spread, duration_s=duration_s)
-
-
-def operator_rpm_limit(scenario: Scenario) -> int:
-    """The equal requests/min quota an operator would set for ``scenario``: the machine's
-    capacity in requests/min split equally, ``60000 / sum_i cost_i`` (``cost_i``: the mean
-    request of tenant i at ``max_batch``), as ``presets.operator_rpm_limit`` rounds it
-    (chapter 1 uses the same function)."""
-    from .presets import operator_rpm_limit as limit
-    return int(limit(scenario))
-
-
-def _rpm_params(scenario: Scenario) -> dict:
-    return {"limit": operator_rpm_limit(scenario)}
-
-
-def _derived_vtc_params(scenario: Scenario) -> dict:
-    eng = scenario.engine
-    return {"wp": 1.0, "wq": float(eng.exchange_rate(eng.max_batch))}
-
-
-def _slot_cap_params(scenario: Scenario) -> dict:
-    return {"cap": scenario.engine.max_batch // len(scenario.tenants)}
-
-
-def reference_policies() -> list:
-    """The nine policies of the reference grid, as :class:`PolicySpec` objects (labels):
-    ``fcfs``; ``rpm_quota`` (limit: :func:`operator_rpm_limit`); ``vtc`` (wp 1, wq 2, the
-    shipped weights); ``vtc_derived`` (wp 1, wq = the machine's exchange rate at max_batch,
-    15.4167 for seed 000); ``lcf``; ``residency`` (charge dt/B); ``slot_cap`` (cap =
-    max_batch / n = 6); ``rr`` (round robin by request); ``vtc_predict`` (wp 1, wq 2, window 5)."""
-    return [
-        PolicySpec("fcfs", "fcfs"),
-        PolicySpec("rpm_quota", "rpm_quota", _rpm_params),
-        PolicySpec("vtc", "vtc", {"wp": 1.0, "wq": 2.0}),
-        PolicySpec("vtc_derived", "vtc", _derived_vtc_params),
-        PolicySpec("lcf", "lcf", {"wp": 1.0, "wq": 2.0}),
-        PolicySpec("residency", "residency"),
-        PolicySpec("slot_cap", "slot_cap", _slot_cap_params),
-        PolicySpec("rr", "rr"),
-        PolicySpec("vtc_predict", "vtc_predict", {"wp": 1.0, "wq": 2.0, "window": 5}),
-    ]
-
-
-def reference_grid() -> dict:
-    """The reference grid: 12 floods x 12 spreads x 12 seeds = 1,728 configurations of the
-    seed-000 scenario (120 s), times the nine :func:`reference_policies`: 15,552 runs.
-    Returns the keyword arguments of :func:`sweep` (``build``, ``grid``, ``seeds``, ``policies``).
-
-    The flooded tenant is the agent (index 3, :data:`FLOOD_TENANT`): flooding it reproduces the
-    published flood sweep (means over the 12 seeds at the seed's spread: FCFS max/min 1.20 at
-    k = 1 to 6.88 at k = 6.5, published 1.17 -> 7.00; FCFS crosses VTC at k = 2.87, published
-    ~3.3). Flooding classify (index 0) overshoots: FCFS reaches 7.71 at k = 6.5 and crosses VTC
-    at k = 2.45, outside the published figure's tolerance."""
-    return {"build": grid_scenario, "grid": {"flood": list(REFERENCE_FLOODS), "spread": list(REFERENCE_SPREADS)},
-            "seeds": list(REFERENCE_SEEDS), "policies": reference_policies()}
-
-
-def run_reference_grid(executor=None, max_workers=None, progress=None, chunk_runs=None, **overrides) -> pd.DataFrame:
-    """Run :func:`reference_grid` (``overrides`` replace its entries: e.g. ``seeds=[0]``)."""
-    spec = {**reference_grid(), **overrides}
-    return sweep(spec.pop("build"), spec.pop("grid"), spec.pop("policies"), spec.pop("seeds"),
-                 executor=executor, max_workers=max_workers, progress=progress, chunk_runs=chunk_runs, **spec)
-
-
-# --- saving and loading ---------------------------------------------------------------------
-def _git_commit(root: Path) -> tuple:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip() != ""
-        return head or None, dirty
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-
-
-def save_grid(table: pd.DataFrame, path: Union[str, Path] = GRID_FILE, meta: Optional[dict] = None) -> Path:
-    """Write the table as gzip CSV (floats with 17 significant digits: an exact round trip) and a
-    JSON sidecar (``<path minus .csv.gz>.json``) with the column dtypes and the code version that
-    made it: fairlib.__version__, the git commit (and whether tracked files had uncommitted
-    changes), the date, and ``meta`` (parameters, wall time...). :func:`load_grid` reads both."""
-    from . import __version__
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # mtime=0 in the gzip header: the same table gives the same bytes
-    import gzip
-    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
-        gz.write(table.to_csv(index=False, float_format="%.17g", lineterminator="\n").encode())
-    commit, dirty = _git_commit(Path(__file__).resolve().parent.parent)
-    sidecar = {
-        "file": path.name, "rows": int(len(table)), "columns": list(table.columns),
-        "dtypes": {c: str(t) for c, t in table.dtypes.items()},
-        "fairlib_version": __version__, "git_commit": commit, "git_dirty": dirty,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **(meta or {}),
-    }
-    side = _sidecar_path(path)
-    side.write_text(json.dumps(sidecar, indent=2, default=str) + "\n")
-    return path
-
-
-def _sidecar_path(path: Path) -> Path:
-    name = path.name
-    for suffix in (".csv.gz", ".csv"):
-        if name.endswith(suffix):
-            return path.with_name(name[: -len(suffix)] + ".json")
-    return path.with_suffix(".json")
-
-
-def load_grid(path: Union[str, Path] = GRID_FILE, with_meta: bool = False):
-    """The saved grid table (and its sidecar dict when ``with_meta``)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no saved grid; run `python benchmarks/grid.py` (or "
-                                f"fairlib.sweep.run_reference_grid() and save_grid()) to make it")
-    table = pd.read_csv(path)
-    side = _sidecar_path(path)
-    meta = json.loads(side.read_text()) if side.exists() else {}
-    for col, dtype in meta.get("dtypes", {}).items():   # "1" was written for 1.0: restore float64
-        if col in table.columns and dtype in ("float64", "int64", "bool") and str(table[col].dtype) != dtype:
-            table[col] = table[col].astype(dtype)
-    return (table, meta) if with_meta else table

@@ -36,7 +36,8 @@ from typing import Mapping, Optional, Union
 import numpy as np
 import pandas as pd
 
-from .workload import Empirical, Tenant
+from fairlib.paths import data_dir, repo_root
+from fairlib.workload import Empirical, Tenant
 
 __all__ = ["load_azure_trace", "trace_summary", "trace_quantiles", "write_trace_tables", "read_trace_summary",
            "read_trace_quantiles", "trace_lengths", "trace_tenant", "find_trace_file", "KINDS", "TRACE_URL",
@@ -48,9 +49,8 @@ FILE_NAME = "AzureLLMInferenceTrace_{kind}.csv"
 TRACE_URL = "https://github.com/Azure/AzurePublicDataset/raw/master/data/AzureLLMInferenceTrace_{kind}.csv"
 ENV_DIR = "FAIRLIB_AZURE_TRACE_DIR"
 SUBDIR = "azure-llm-inference-2023"
-ROOT = Path(__file__).resolve().parent.parent
-SHARED_DIR = ROOT.parent / "shared" / "data" / SUBDIR
-DATA_DIR = ROOT / "data"
+SHARED_DIR = repo_root().parent / "shared" / "data" / SUBDIR
+DATA_DIR = data_dir()
 SUMMARY_FILE = DATA_DIR / "azure_trace_summary.csv"
 QUANTILES_FILE = DATA_DIR / "azure_trace_quantiles.csv"
 N_QUANTILES = 1000

@@ -17,7 +17,7 @@ from typing import Optional, Tuple, Union
 import numpy as np
 import pandas as pd
 
-from fairlib.engine import Engine
+from fairlib.sim.engine import Engine
 
 __all__ = [
     "PURPOSES", "rng_for",
@@ -422,7 +422,7 @@ class Scenario:
             raise ValueError(f"Scenario.tenants must have distinct names, got {names}")
         object.__setattr__(self, "tenants", ts)
         if not isinstance(self.engine, Engine):
-            raise ValueError(f"Scenario.engine must be a fairlib.engine.Engine, got {self.engine!r}")
+            raise ValueError(f"Scenario.engine must be a fairlib.sim.engine.Engine, got {self.engine!r}")
         object.__setattr__(self, "duration_s", _number("Scenario", "duration_s", self.duration_s, low=0.0, strict=True))
         object.__setattr__(self, "seed", _integer("Scenario", "seed", self.seed, low=0))
         self.rates_rps()  # surface conversion errors now

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from fairlib.presets import seed000
+from fairlib.chapters.presets import seed000
 from sim_harness import (POLICY_NAMES, assert_agree, compiled_result, compiled_simulate, random_case, reference_simulate,
                          workloads)
 

@@ -1,4 +1,4 @@
-"""fairlib.analyze: hand-computed cases, the residency reconstruction against the simulator's
+"""fairlib.analysis: hand-computed cases, the residency reconstruction against the simulator's
 exact accounting, and one code path for simulated and measured (run-directory) records."""
 import math
 
@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 import fairlib
-from fairlib import analyze as an
+from fairlib import analysis as an
 from fairlib import records, scenarios
 from fairlib.client import RECORD_FIELDS
-from fairlib.metrics import demand_normalised_jain, jain_index, percentile_cis, water_fill
+from fairlib.analysis.indices import demand_normalised_jain, jain_index, percentile_cis, water_fill
 from fairlib.records import Run
 
 
@@ -34,7 +34,7 @@ def rec(tenant, send, chunks, *, prompt=10, max_tokens=None, error="none", first
 
 def frame(rows):
     df = pd.DataFrame(rows, columns=list(RECORD_FIELDS))
-    return records._add_sim_columns(df)
+    return records.add_sim_columns(df)
 
 
 def run_of(rows, slos=None, duration_s=10.0, names=("a", "b"), **scen):

@@ -16,7 +16,7 @@ import nbformat
 import numpy as np
 import pytest
 
-from fairlib import analyze as an
+from fairlib import analysis as an
 from fairlib import records, scenarios
 
 ROOT = Path(__file__).resolve().parents[1]

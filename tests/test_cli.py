@@ -9,7 +9,7 @@ import pytest
 
 from fairlib.cli import build_parser, main
 from fairlib.client import load_records, load_summary
-from fairlib.probe import load_engine
+from fairlib.calibrate.probe import load_engine
 from fairlib.records import load_run
 from fairlib.serve import ServerProcess, config_from_args
 

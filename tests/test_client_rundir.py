@@ -5,10 +5,10 @@ import pytest
 
 from fairlib.client import ERROR_CLASSES, RECORD_FIELDS, load_records
 from fairlib.client.prom import MetricsScraper, parse_prometheus
-from fairlib.client.records import new_record
-from fairlib.client.rundir import RunDir, read_jsonl
+from fairlib.records.schema import new_record
+from fairlib.records.rundir import RunDir, read_jsonl
 from fairlib.client.schedule import PlannedRequest
-from fairlib.client.summary import summarize
+from fairlib.records.summary import summarize
 
 PROM = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

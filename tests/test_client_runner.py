@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 
 from fairlib.client import EndpointConfig, build_schedule, load_records, load_summary, run
-from fairlib.client.replay import ByTenant, Hang, HttpError, Replay, ReplayServer, Synth, load_frames, sse
-from fairlib.client.rundir import read_jsonl
+from fairlib.serve.replay import ByTenant, Hang, HttpError, Replay, ReplayServer, Synth, load_frames, sse
+from fairlib.records.rundir import read_jsonl
 
 FIX = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fairlib.client.replay import llamacpp_chunks, load_frames, vllm_chunks
+from fairlib.serve.replay import llamacpp_chunks, load_frames, vllm_chunks
 from fairlib.client.sse import (DONE, MalformedSSE, SSEParser, StreamAccumulator, StreamError,
                                 decode_payload, interpret_chunk)
 

@@ -1,4 +1,4 @@
-"""fairlib.engines' lifecycle, without a real engine: a tiny Python HTTP server stands in.
+"""fairlib.calibrate.lifecycle' lifecycle, without a real engine: a tiny Python HTTP server stands in.
 
 Health wait, the clear error (exit code, timeout, log tail), stopping by process group (SIGTERM,
 then SIGKILL; children too), the context manager, the atexit hook, ``external`` endpoints, and
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fairlib import engines
-from fairlib.engines import (DEFAULT_NICE, EngineStartError, ModelTokenizer, nice_of, _flag_args, _group_members, engine_available,
+from fairlib.calibrate import lifecycle as engines
+from fairlib.calibrate.lifecycle import (DEFAULT_NICE, EngineStartError, ModelTokenizer, nice_of, _flag_args, group_members, engine_available,
                              free_port, port_is_free, start_engine)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,9 +66,9 @@ def fake(tmp_path, monkeypatch):
 
 def _gone(pgid, timeout=5.0):
     deadline = time.monotonic() + timeout
-    while _group_members(pgid) and time.monotonic() < deadline:
+    while group_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not _group_members(pgid)
+    return not group_members(pgid)
 
 
 def test_start_health_stop(fake, tmp_path):
@@ -157,7 +157,7 @@ def test_external_endpoint_is_not_started_or_stopped(fake):
 def test_atexit_stops_a_forgotten_engine(fake, tmp_path):
     code = textwrap.dedent(f"""
         import sys
-        from fairlib.engines import start_engine
+        from fairlib.calibrate.lifecycle import start_engine
         eng = start_engine("fairlib", command={fake(0.0)!r})
         print(eng.pid, eng.port, flush=True)
     """)  # exits without stopping it
@@ -170,7 +170,7 @@ def test_atexit_stops_a_forgotten_engine(fake, tmp_path):
 def test_parent_killed_engine_follows(fake):
     code = textwrap.dedent(f"""
         import os, signal
-        from fairlib.engines import start_engine
+        from fairlib.calibrate.lifecycle import start_engine
         eng = start_engine("fairlib", command={fake(0.0)!r})
         print(eng.pid, eng.port, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)  # no atexit: the parent-death signal must do it

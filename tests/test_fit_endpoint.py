@@ -1,11 +1,11 @@
 """``fairlib fit --endpoint``: the cost model of an endpoint started elsewhere, and the check the
-chapters make before they use a fit with ``backend="http"`` (``fairlib.fit.fit_for_endpoint``).
+chapters make before they use a fit with ``backend="http"`` (``fairlib.calibrate.fit.fit_for_endpoint``).
 
 Against ``fairlib serve`` (a test double whose timing is a known engine model,
 ``dt = 6 + 1.0 B + 0.04 P`` ms, max_batch 8): the quick fit (two contexts, four batch sizes, three
 repeats; about 10 s) must find iter_base and the slope within 10 %, no context term to speak of
 (the served model has none), the prefill cost within 15 % and the batch limit the server states;
-it writes the format of ``fairlib.fit.fit_engine`` (the committed ``data/engines/*.json``) with
+it writes the format of ``fairlib.calibrate.fit.fit_engine`` (the committed ``data/engines/*.json``) with
 the endpoint's identity. The check accepts that fit against its own endpoint and refuses fits
 made for another model, engine kind, server version, machine or endpoint, naming both sides and
 the command that fits the endpoint. Command-line errors are one line, and Ctrl-C / SIGTERM stop a
@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from fairlib import Engine, fit, scenarios
+from fairlib import Engine, scenarios
+from fairlib.calibrate import fit
 from fairlib.cli import main
-from fairlib.probe import load_engine as probe_load_engine
+from fairlib.calibrate.probe import load_engine as probe_load_engine
 from fairlib.serve import ServerProcess
 
 pytestmark = [pytest.mark.slow]   # a real-time server, fits and interrupted fits

@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairlib import experiments, methods, presets
-from fairlib.engine import SEED000_ENGINE, Engine
-from fairlib.metrics import demand_normalised_jain, jain_index, water_fill
+from fairlib.chapters import experiments, methods, presets
+from fairlib.sim.engine import SEED000_ENGINE, Engine
+from fairlib.analysis.indices import demand_normalised_jain, jain_index, water_fill
 
 #: The exact exchange rates of the seed-000 engine, R(B) = 150 / B + 55 / 6, at B = 8, 24, 48.
 EXACT_BATCHES = (8, 24, 48)
@@ -110,7 +110,7 @@ def test_crossing_hand_cases():
     assert methods.crossing([0, 1, 2], [1, 1, 1], 1) != methods.crossing([0, 1, 2], [1, 1, 1], 1)  # NaN
     assert math.isnan(methods.crossing([0, 1, 2], [0, 10, 20], 25))
     assert math.isnan(methods.crossing([0, 1, 2], [0, 10, 20], -1))
-    # agrees with the independent implementation in fairlib.experiments on an increasing curve
+    # agrees with the independent implementation in fairlib.chapters.experiments on an increasing curve
     x, y = [0.5, 1.0, 2.0, 4.0], [0.1, 0.4, 0.45, 2.0]
     for target in (0.2, 0.42, 1.3):
         assert methods.crossing(x, y, target) == pytest.approx(
@@ -362,7 +362,7 @@ def test_demand_table_rows_and_water_filling_row():
 
 
 def test_within_published_counts_figures_within_tolerance():
-    from fairlib import published
+    from fairlib.chapters import published
     names = list(presets.SEED000_TENANTS)
     pub = published.figure("ch1.share.rpm_quota")["value"]
     mm = published.figure("ch1.maxmin.rpm_quota")["value"]

@@ -1,4 +1,4 @@
-"""Tests of fairlib.metrics."""
+"""Tests of fairlib.analysis.indices."""
 import math
 
 import numpy as np
@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fairlib.metrics import CI, bootstrap_ci, jain_index, latency_table, max_min_ratio, shares
+from fairlib.analysis.indices import CI, bootstrap_ci, jain_index, latency_table, max_min_ratio, shares
 
 
 # --- vectors ---------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import fairlib
-from fairlib import presets
-from fairlib.online import OnlineEngine
+from fairlib.chapters import presets
+from fairlib.sim.online import OnlineEngine
 from fairlib.sim import loop
 
 CASES = [("fcfs", {}), ("vtc", {}), ("residency", {}), ("priority", {}), ("rpm_quota", {"limit": 30}),

@@ -12,7 +12,7 @@ import pytest
 
 from fairlib import Engine, simulate
 from fairlib.client import EndpointConfig
-from fairlib.probe import decode_point, linear_fit, load_engine, probe
+from fairlib.calibrate.probe import decode_point, linear_fit, load_engine, probe
 from fairlib.serve import ServerProcess
 
 TRUE = {"iter_base_ms": 8.0, "iter_slope_ms": 1.5, "prefill_ms_per_token": 0.05, "max_batch": 16}

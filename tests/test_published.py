@@ -1,10 +1,10 @@
-"""fairlib.published: the comparison tables every chapter shows (hand-computed cases)."""
+"""fairlib.chapters.published: the comparison tables every chapter shows (hand-computed cases)."""
 import math
 
 import pandas as pd
 import pytest
 
-from fairlib import published
+from fairlib.chapters import published
 
 
 def test_abs_tolerance_broadcasts_and_judges_each_value():

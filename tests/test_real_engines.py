@@ -1,10 +1,10 @@
 """The book's claims on real engines: vLLM's CPU build and llama.cpp's llama-server (issue 5).
 
 Skipped, with the reason, when an engine is not set up (``make engines``). Each engine is started
-once, as the book starts it (``fairlib.fit.start``: ``fairlib.fit.ENGINE_FLAGS``), and used by every
+once, as the book starts it (``fairlib.calibrate.fit.start``: ``fairlib.calibrate.fit.ENGINE_FLAGS``), and used by every
 test of its class, then stopped:
 
-1. **cost-model fit** (``fairlib.fit``, a quick sweep): the iteration time rises with the batch
+1. **cost-model fit** (``fairlib.calibrate.fit``, a quick sweep): the iteration time rises with the batch
    (slope > 0 over B 1..8 at every context), the joint fit ``dt = iter_base + (slope_0 + slope_ctx *
    ctx) * B`` explains at least :data:`DECODE_R2_MIN` of the variance and the prefill line
    :data:`PREFILL_R2_MIN`, and the client's numbers agree with the engine's own (llama.cpp
@@ -18,10 +18,10 @@ test of its class, then stopped:
    never against the committed text;
 4. on vLLM, **priority** (``--scheduling-policy priority``, lower first) and **chapter 1**
    re-measured (FCFS, the seed-000 tenants at 3x overload: the measured residency split within
-   ``fairlib.fidelity.SEED000_SHARE_PTS`` points of the simulated one).
+   ``fairlib.chapters.fidelity.SEED000_SHARE_PTS`` points of the simulated one).
 
 Timings on this 2-core machine are noisy (client, server and engine share the cores; the engines
-run 10 nice steps below the client, ``fairlib.engines.DEFAULT_NICE``): bounds are wide, shapes and
+run 10 nice steps below the client, ``fairlib.calibrate.lifecycle.DEFAULT_NICE``): bounds are wide, shapes and
 medians over tenants, not exact times, are asserted, and every run appends its statistics to
 ``.cache/engines/live_stats.jsonl`` (the noise record behind the bounds). Papermill runs write ``.cache/engines/`` logs.
 """
@@ -38,10 +38,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairlib import fidelity as fd
-from fairlib import fit
+from fairlib.chapters import fidelity as fd
+from fairlib.calibrate import fit
 from fairlib.client.sse import DONE, SSEParser, decode_payload
-from fairlib.engines import engine_available
+from fairlib.calibrate.lifecycle import engine_available
 from fairlib.records import load_run
 
 pytestmark = [pytest.mark.engine]
@@ -421,8 +421,8 @@ def _fit_quality(fitted, kind):
     # the client's per-token times and prefill slope against the engine's own figures
     assert 0.7 < dec["server"]["client_over_server_median"] < 1.3, dec["server"]
     assert 0.8 < pre["server"]["client_slope_over_server_slope"] < 1.25, pre["server"]
-    # the saved file loads into the simulator's Engine, through fairlib.probe too
-    from fairlib.probe import load_engine
+    # the saved file loads into the simulator's Engine, through fairlib.calibrate.probe too
+    from fairlib.calibrate.probe import load_engine
     eng = load_engine(path)
     assert eng.max_batch == res["engine"]["max_batch"] and eng.iter_slope_ms > 0
     saved = json.loads(Path(path).read_text())

@@ -9,7 +9,7 @@ import pytest
 import fairlib
 from fairlib import records, scenarios
 from fairlib.client import RECORD_FIELDS, load_records
-from fairlib.client.rundir import load_summary
+from fairlib.records.rundir import load_summary
 from fairlib.workload import Constant, Scenario, Tenant
 
 TINY = pd.DataFrame({"arrival_ms": [0.0, 0.0, 5.0], "tenant": [0, 1, 0],

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import fairlib
-from fairlib import presets, scenarios
+from fairlib import scenarios
+from fairlib.chapters import presets
 from fairlib.scenarios import SLO, engine_capacity_rps, load
 
 GOOD = """
@@ -181,7 +182,7 @@ def test_baseline_files_are_checked(tmp_path):
 
 
 def test_list_parameters_as_papermill_passes_them():
-    from fairlib.tenantbench import as_list, load_scenarios, scenario_overview
+    from fairlib.chapters.tenantbench import as_list, load_scenarios, scenario_overview
     assert as_list("[0, 1, 2]") == [0, 1, 2] and as_list("0,1") == [0, 1] and as_list(None) is None
     assert as_list('["fair_share", "overload"]') == ["fair_share", "overload"] and as_list("overload") == ["overload"]
     assert as_list((3,)) == [3] and as_list(7) == [7]

@@ -29,7 +29,7 @@ from fairlib.client import EndpointConfig, build_schedule, load_records, load_se
 from fairlib.client.prom import parse_prometheus
 from fairlib.client.sse import DONE, SSEParser, decode_payload
 from fairlib.serve import ServeConfig, ServerProcess, ServerThread, parse_request
-from fairlib.engine import Engine
+from fairlib.sim.engine import Engine
 
 FIX = Path(__file__).parent / "fixtures"
 BASE, SLOPE, PREFILL = 8.0, 1.5, 0.05

@@ -11,13 +11,15 @@ import pandas as pd
 import pytest
 
 import fairlib
-from fairlib import metrics, presets, sweep
+from fairlib import sweep
+from fairlib.analysis import indices as metrics
+from fairlib.chapters import grid, presets
 
-SMALL_BUILD = functools.partial(sweep.grid_scenario, duration_s=20.0)
-SMALL_GRID = {"flood": [1.0, 4.0], "spread": [1.0, sweep.SEED000_SPREAD]}
+SMALL_BUILD = functools.partial(grid.grid_scenario, duration_s=20.0)
+SMALL_GRID = {"flood": [1.0, 4.0], "spread": [1.0, grid.SEED000_SPREAD]}
 SMALL_SEEDS = [0, 5]
 SMALL_POLICIES = [sweep.PolicySpec("fcfs", "fcfs"), sweep.PolicySpec("vtc", "vtc", {"wp": 1.0, "wq": 2.0}),
-                  sweep.PolicySpec("rpm_quota", "rpm_quota", sweep._rpm_params)]
+                  sweep.PolicySpec("rpm_quota", "rpm_quota", grid._rpm_params)]
 
 
 def small(**kw):
@@ -31,7 +33,7 @@ def serial_table():
 
 # --- the lean path against fairlib.simulate -------------------------------------------------
 def expected_row(res: fairlib.SimResult, names) -> dict:
-    """The sweep's columns computed from simulate()'s tables with pandas and fairlib.metrics."""
+    """The sweep's columns computed from simulate()'s tables with pandas and fairlib.analysis.indices."""
     req, ten = res.requests, res.tenants
     done = req[req["finish_ms"].notna()]
     ttft = (done["first_token_ms"] - done["arrival_ms"]).to_numpy()
@@ -69,8 +71,8 @@ def test_lean_path_equals_simulate(case):
     kw, engine = LEAN_CASES[case]
     sc = presets.seed000(engine=engine, flood_tenant=3, **kw)
     names = list(sc.tenant_names)
-    specs = sweep.reference_policies() + [sweep.PolicySpec("sjf", "sjf"), sweep.PolicySpec("aging", "aging", {"rate": 0.5})]
-    rows = sweep.run_scenario(sc, 7, specs)
+    specs = grid.reference_policies() + [sweep.PolicySpec("sjf", "sjf"), sweep.PolicySpec("aging", "aging", {"rate": 0.5})]
+    rows = sweep.run_point(sc, 7, specs)
     df = sc.requests(7)
     preempted = 0
     for spec, row in zip(specs, rows):
@@ -145,56 +147,56 @@ def test_bad_arguments(bad):
 
 def test_save_and_load_round_trip(serial_table, tmp_path):
     path = tmp_path / "g.csv.gz"
-    sweep.save_grid(serial_table, path, {"parameters": {"x": 1}})
-    back, meta = sweep.load_grid(path, with_meta=True)
+    grid.save_grid(serial_table, path, {"parameters": {"x": 1}})
+    back, meta = grid.load_grid(path, with_meta=True)
     pd.testing.assert_frame_equal(serial_table, back, check_exact=True)
     assert meta["rows"] == len(serial_table) and meta["fairlib_version"] == fairlib.__version__
     assert meta["parameters"] == {"x": 1} and "git_commit" in meta and "date" in meta
     first = path.read_bytes()
-    sweep.save_grid(serial_table, path)
+    grid.save_grid(serial_table, path)
     assert path.read_bytes() == first          # deterministic bytes
 
 
 # --- the reference grid -----------------------------------------------------------------------
 def test_reference_grid_definition():
-    g = sweep.reference_grid()
+    g = grid.reference_grid()
     assert g["grid"]["flood"] == [1.0 + 0.5 * i for i in range(12)]
     s = np.array(g["grid"]["spread"])
     # rounded to 12 significant digits (the same on every CPU): the last is the blog post's spread
-    assert len(s) == 12 and s[0] == 1.0 and math.isclose(s[-1], sweep.SEED000_SPREAD, rel_tol=1e-12)
+    assert len(s) == 12 and s[0] == 1.0 and math.isclose(s[-1], grid.SEED000_SPREAD, rel_tol=1e-12)
     assert all(float(f"{x:.12g}") == x for x in s)
     assert np.allclose(s[1:] / s[:-1], s[1] / s[0], rtol=1e-11)          # geometric
-    assert sweep.SEED000_SPREAD == pytest.approx(353.8 / 23.7)
+    assert grid.SEED000_SPREAD == pytest.approx(353.8 / 23.7)
     assert len(g["seeds"]) == 12
     n_configs = len(g["grid"]["flood"]) * len(s) * len(g["seeds"])
     assert n_configs == 1728 and len(g["policies"]) == 9
     labels = [p.label for p in g["policies"]]
     assert labels == ["fcfs", "rpm_quota", "vtc", "vtc_derived", "lcf", "residency", "slot_cap", "rr", "vtc_predict"]
-    sc = sweep.grid_scenario(1.0, sweep.SEED000_SPREAD)
-    seed = presets.seed000(flood_tenant=sweep.FLOOD_TENANT)
+    sc = grid.grid_scenario(1.0, grid.SEED000_SPREAD)
+    seed = presets.seed000(flood_tenant=grid.FLOOD_TENANT)
     pd.testing.assert_frame_equal(sc.requests(3), seed.requests(3), check_exact=True)   # the seed, exactly
     params = {p.label: p.resolve(sc) for p in g["policies"]}
     assert params["vtc_derived"]["wq"] == pytest.approx(15.4166666667, abs=1e-9)
     assert params["slot_cap"] == {"cap": 6}
     assert params["rpm_quota"] == {"limit": presets.operator_rpm_limit(sc)}
     # the spread keeps the tenants' order and the spread asked for
-    means = [t.output.mean for t in sweep.grid_scenario(2.0, s[4]).tenants]
+    means = [t.output.mean for t in grid.grid_scenario(2.0, s[4]).tenants]
     assert means == sorted(means) and max(means) / min(means) == pytest.approx(s[4])
-    flooded = sweep.grid_scenario(3.0, 1.0).offered_ms_per_s()
-    assert flooded[sweep.FLOOD_TENANT] == pytest.approx(3 * 750.0) and np.delete(flooded, sweep.FLOOD_TENANT) \
+    flooded = grid.grid_scenario(3.0, 1.0).offered_ms_per_s()
+    assert flooded[grid.FLOOD_TENANT] == pytest.approx(3 * 750.0) and np.delete(flooded, grid.FLOOD_TENANT) \
         == pytest.approx([750.0] * 3)
 
 
 def test_saved_grid_matches_a_recomputed_slice():
-    if not sweep.GRID_FILE.exists():
-        pytest.skip(f"{sweep.GRID_FILE} not made yet (python benchmarks/grid.py)")
-    table, meta = sweep.load_grid(with_meta=True)
-    g = sweep.reference_grid()
+    if not grid.GRID_FILE.exists():
+        pytest.skip(f"{grid.GRID_FILE} not made yet (python benchmarks/grid.py)")
+    table, meta = grid.load_grid(with_meta=True)
+    g = grid.reference_grid()
     assert len(table) == 1728 * 9 and meta["rows"] == len(table)
     assert meta["git_commit"] and meta["fairlib_version"]
     # a slice: two grid points x one seed x all policies, recomputed now
     for flood, spread, seed in [(1.0, g["grid"]["spread"][-1], 0), (6.5, g["grid"]["spread"][3], 11)]:
-        fresh = sweep.sweep(sweep.grid_scenario, {"flood": [flood], "spread": [spread]}, g["policies"], [seed],
+        fresh = sweep.sweep(grid.grid_scenario, {"flood": [flood], "spread": [spread]}, g["policies"], [seed],
                             executor="serial")
         saved = table[(table.flood == flood) & np.isclose(table.spread, spread, rtol=1e-15) & (table.seed == seed)]
         saved = saved.reset_index(drop=True)

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairlib import presets, simulate, traces
+from fairlib import simulate, traces
+from fairlib.chapters import presets
 from fairlib.workload import Scenario
 
 HAVE_SHARED = all((traces.SHARED_DIR / traces.FILE_NAME.format(kind=k)).is_file() for k in traces.KINDS)

@@ -1,4 +1,4 @@
-"""Tests of fairlib.workload and fairlib.presets."""
+"""Tests of fairlib.workload and fairlib.chapters.presets."""
 import math
 
 import numpy as np
@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fairlib.engine import SEED000_ENGINE, Engine
-from fairlib.presets import SEED000_OUTPUT_MEANS, seed000, spread_means
+from fairlib.sim.engine import SEED000_ENGINE, Engine
+from fairlib.chapters.presets import SEED000_OUTPUT_MEANS, seed000, spread_means
 from fairlib.workload import (
     REQUEST_COLUMNS, Constant, Empirical, Gamma, Geometric, LogNormal, OnOff, Periodic, Poisson,
     Scenario, Tenant, Uniform, rng_for,

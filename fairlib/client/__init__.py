@@ -7,17 +7,18 @@ streaming endpoints (vLLM, llama.cpp's server, ``fairlib serve``).
     df = load_records("runs/x")
 
 Modules: ``sse`` (SSE parser, chunk interpreter), ``schedule`` (the precomputed schedule),
-``endpoint`` (per-engine request shape), ``records`` (the record schema and error classes),
-``runner`` (the open-loop sender, ``run``), ``workers`` (multi-process sharding), ``rundir`` (run
-directory writer and loader), ``summary`` (lag and validity), ``prom`` (``/metrics`` sampling),
-``env`` (``env.json``), ``replay`` (a tiny test double server).
+``endpoint`` (per-engine request shape), ``runner`` (the open-loop sender: one request, one
+shard), ``workers`` (multi-process sharding), ``run`` (a whole run and its run directory),
+``prom`` (``/metrics`` sampling), ``env`` (``env.json``). The record schema, the run directory
+and the summary are the seam both backends write: ``fairlib.records``.
 """
-from .endpoint import EndpointConfig, build_request
-from .records import ERROR_CLASSES, RECORD_FIELDS
-from .rundir import load_records, load_server_metrics, load_summary
-from .runner import RunClock, run, send_request, send_shard
-from .schedule import PlannedRequest, Schedule, build_schedule, make_prompt
-from .sse import SSEParser, StreamAccumulator, decode_payload, interpret_chunk
+from fairlib.client.endpoint import EndpointConfig, build_request
+from fairlib.client.run import run
+from fairlib.client.runner import RunClock, send_request, send_shard
+from fairlib.client.schedule import PlannedRequest, Schedule, build_schedule, make_prompt
+from fairlib.client.sse import SSEParser, StreamAccumulator, decode_payload, interpret_chunk
+from fairlib.records.rundir import load_records, load_server_metrics, load_summary
+from fairlib.records.schema import ERROR_CLASSES, RECORD_FIELDS
 
 __all__ = [
     "EndpointConfig", "build_request", "ERROR_CLASSES", "RECORD_FIELDS", "load_records",

@@ -10,10 +10,11 @@ llama.cpp).
 from __future__ import annotations
 
 import json
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-__all__ = ["EndpointConfig", "build_request", "server_root"]
+__all__ = ["EndpointConfig", "build_request", "server_root", "resolve_model"]
 
 
 def server_root(base_url: str) -> str:
@@ -97,3 +98,18 @@ def build_request(req, cfg: EndpointConfig) -> tuple:
     if cfg.api_key:
         headers["Authorization"] = f"Bearer {cfg.api_key}"
     return cfg.url(api), headers, json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+def resolve_model(endpoint: str, timeout_s: float = 5.0) -> str:
+    """The first model the endpoint lists at ``GET <base>/models`` (OpenAI API). Raises
+    ``ValueError`` naming the endpoint when it cannot be read or lists none."""
+    url = endpoint.rstrip("/") + "/models"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout_s) as r:
+            data = json.loads(r.read(1 << 20))
+        return str(data["data"][0]["id"])
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{url}: cannot read the model list ({type(e).__name__}: {e}); pass the model name") from None
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(f"{url} lists no model; pass the model name") from None

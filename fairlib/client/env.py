@@ -16,7 +16,8 @@ import time
 import urllib.error
 import urllib.request
 from importlib import metadata
-from pathlib import Path
+
+from fairlib.paths import repo_root
 
 __all__ = ["collect_env", "fetch_json"]
 
@@ -53,7 +54,7 @@ def _versions() -> dict:
 
 
 def _git_commit() -> str | None:
-    root = Path(__file__).resolve().parents[2]
+    root = repo_root()
     try:
         r = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
                            text=True, timeout=5)

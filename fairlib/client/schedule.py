@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
+import pandas as pd
+
 __all__ = ["PlannedRequest", "Schedule", "build_schedule", "make_prompt", "WORDS"]
 
 APIS = ("completions", "chat")
@@ -117,7 +119,6 @@ class Schedule(Sequence):
         return [Schedule(self.requests[i::n], {**self.meta, "shard": i, "shards": n}) for i in range(n)]
 
     def to_frame(self, with_prompts: bool = False):
-        import pandas as pd
         rows = [r.to_dict() for r in self.requests]
         df = pd.DataFrame(rows, columns=[f for f in PlannedRequest.__dataclass_fields__])
         return df if with_prompts else df.drop(columns=["prompt"])

@@ -17,6 +17,8 @@ import threading
 import time
 import traceback
 
+from fairlib.client.runner import RunClock, send_shard
+
 __all__ = ["run_sharded"]
 
 READY_TIMEOUT_S = 120.0
@@ -25,8 +27,6 @@ READY_TIMEOUT_S = 120.0
 def _worker_main(i, shard, endpoint, spin_s, q, go, stop, t0v):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        from .runner import RunClock, send_shard
-
         gc.collect()
         gc.freeze()
         q.put(("ready", i, None))

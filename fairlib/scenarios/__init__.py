@@ -60,9 +60,10 @@ from typing import Mapping, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
-from fairlib.engine import SEED000_ENGINE, Engine
+from fairlib.sim.engine import SEED000_ENGINE, Engine
 from fairlib.workload import (Constant, Empirical, Gamma, Geometric, LogNormal, OnOff, Periodic, Poisson,
                               Scenario, Tenant, Uniform)
+from fairlib.sim.policies import POLICIES
 
 __all__ = ["SLO", "ScenarioSpec", "load", "available", "engine_capacity_rps", "SCENARIO_DIR", "SCENARIOS"]
 
@@ -148,7 +149,7 @@ class ScenarioSpec:
         return replace(self, scenario=replace(self.scenario, duration_s=duration_s))
 
     def to_dict(self) -> dict:
-        """JSON-ready description (it goes into a run's ``config.json``; ``fairlib.analyze`` reads
+        """JSON-ready description (it goes into a run's ``config.json``; ``fairlib.analysis`` reads
         the SLOs, the victim and the duration back from it)."""
         rates = self.scenario.rates_rps()
         tenants = []
@@ -392,7 +393,6 @@ def load(name_or_path: Union[str, Path], engine: Optional[Engine] = None, rho: O
                                                        for s in seeds):
         ctx.fail("seeds", f"must be a non-empty list of integers >= 0, got {seeds!r}")
     policy = ctx.string(data, "policy", default="fcfs")
-    from fairlib.policies import POLICIES
     if policy not in POLICIES:
         ctx.fail("policy", f"must be one of {', '.join(POLICIES)}, got {policy!r}")
     params = data.get("policy_params", {})

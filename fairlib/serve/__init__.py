@@ -1,7 +1,7 @@
 """``fairlib serve``: an OpenAI-compatible HTTP server whose token timing is the engine model's.
 
 **A test double and a live demonstration of a policy, not an engine.** It runs no model: one
-asyncio task drives ``fairlib.online.OnlineEngine`` (the simulator's own compiled step) against
+asyncio task drives ``fairlib.sim.online.OnlineEngine`` (the simulator's own compiled step) against
 the wall clock and emits each iteration's tokens when the model says the iteration ends
 (``dt = iter_base + iter_slope * B + prefill * P`` ms). Numbers measured against it measure the
 engine model plus this server's own small timing error, never an engine; they are never to be
@@ -26,10 +26,10 @@ Command line: ``fairlib serve --port 8000 --iter-base-ms 8 --iter-slope-ms 1.5 -
 Modules: ``config`` (ServeConfig), ``driver`` (the real-time loop, metrics), ``app`` (HTTP and
 wire format), ``server`` (start/stop: foreground, thread, process; CLI options), ``metrics``.
 """
-from .app import make_app, parse_request
-from .config import ServeConfig, load_engine_params
-from .driver import Driver
-from .server import ServerProcess, ServerThread, add_arguments, config_from_args, serve_forever, start, wait_ready
+from fairlib.serve.app import make_app, parse_request
+from fairlib.serve.config import ServeConfig, load_engine_params
+from fairlib.serve.driver import Driver
+from fairlib.serve.server import ServerProcess, ServerThread, add_arguments, config_from_args, serve_forever, start, wait_ready
 
 __all__ = ["ServeConfig", "load_engine_params", "make_app", "parse_request", "Driver", "ServerProcess",
            "ServerThread", "add_arguments", "config_from_args", "serve_forever", "start", "wait_ready"]

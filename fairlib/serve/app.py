@@ -28,9 +28,9 @@ import uuid
 
 from aiohttp import web
 
-from .. import __version__
-from ..client.schedule import WORDS
-from .driver import Driver, QueueFull
+from fairlib import __version__
+from fairlib.client.schedule import WORDS
+from fairlib.serve.driver import Driver, QueueFull
 
 __all__ = ["make_app", "BadRequest", "DRIVER"]
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
-from ..engine import Engine
-from ..policies import POLICIES, make_policy
+from fairlib.sim.engine import Engine
+from fairlib.sim.policies import POLICIES, make_policy
 
 __all__ = ["ServeConfig", "load_engine_params", "ENGINE_FIELDS"]
 
@@ -21,7 +22,7 @@ ENGINE_FIELDS = ("iter_base_ms", "iter_slope_ms", "prefill_ms_per_token", "max_b
 def load_engine_params(spec) -> dict:
     """Engine fields from a JSON string, a ``.json``/``.toml`` file, or a mapping.
 
-    A mapping with an ``"engine"`` key (a probe result, ``fairlib.probe``) uses that sub-table.
+    A mapping with an ``"engine"`` key (a probe result, ``fairlib.calibrate.probe``) uses that sub-table.
     Unknown keys are an error (a misspelt parameter must not be silently ignored)."""
     if isinstance(spec, dict):
         d = dict(spec)
@@ -31,7 +32,6 @@ def load_engine_params(spec) -> dict:
         if s.startswith("{"):
             d = json.loads(s)
         elif p.suffix == ".toml":
-            import tomllib
             d = tomllib.loads(p.read_text(encoding="utf-8"))
         elif p.exists():
             d = json.loads(p.read_text(encoding="utf-8"))

@@ -1,4 +1,4 @@
-"""The real-time driver: one asyncio task runs the engine model (``fairlib.online.OnlineEngine``)
+"""The real-time driver: one asyncio task runs the engine model (``fairlib.sim.online.OnlineEngine``)
 against the wall clock.
 
 Time: ``now_ms`` is milliseconds since the server started (``perf_counter``). An arriving request
@@ -31,17 +31,48 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+import traceback
 from typing import Optional
 
 import numpy as np
 
-from ..online import OnlineEngine
-from ..sim import loop
-from ..sim.state import (ADMITTED, ARRIVAL, ENTERED, FINISH, FIRST, GENERATED, HELD, ITERATIONS, N_HELD, N_REQ,
-                         N_RUNNING, NEXT_ARRIVAL, OUTPUT, PREEMPT, PROMPT, RUN_IDS, RUNNING, STATUS, T_MACHINE,
-                         T_TOKENS, UNDELIVERED, WAITING)
-from .metrics import (ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, LAG_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS,
-                      Counter, Gauge, Histogram, Registry)
+from fairlib.serve.prometheus import (
+    ITERATION_TOKENS_BUCKETS,
+    ITL_BUCKETS,
+    LAG_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
+    TTFT_BUCKETS,
+    Counter,
+    Gauge,
+    Histogram,
+    Registry,
+)
+from fairlib.sim import loop
+from fairlib.sim.online import OnlineEngine
+from fairlib.sim.state import (
+    ADMITTED,
+    ARRIVAL,
+    ENTERED,
+    FINISH,
+    FIRST,
+    GENERATED,
+    HELD,
+    ITERATIONS,
+    N_HELD,
+    N_REQ,
+    N_RUNNING,
+    NEXT_ARRIVAL,
+    OUTPUT,
+    PREEMPT,
+    PROMPT,
+    RUN_IDS,
+    RUNNING,
+    STATUS,
+    T_MACHINE,
+    T_TOKENS,
+    UNDELIVERED,
+    WAITING,
+)
 
 __all__ = ["Driver", "RequestState", "QueueFull"]
 
@@ -257,7 +288,6 @@ class Driver:
         exc = task.exception()
         if exc is None:
             return
-        import traceback
         traceback.print_exception(exc)
         self.failed = exc
         for st in list(self.reqs.values()):

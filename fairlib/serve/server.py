@@ -16,9 +16,11 @@ from typing import Optional, Sequence
 
 from aiohttp import web
 
-from ..engine import Engine
-from .app import DRIVER, make_app
-from .config import ENGINE_FIELDS, ServeConfig, load_engine_params
+from fairlib.paths import repo_root
+from fairlib.serve.app import DRIVER, make_app
+from fairlib.serve.config import ENGINE_FIELDS, ServeConfig, load_engine_params
+from fairlib.sim.engine import Engine
+from fairlib.sim.policies import parse_policy_param
 
 __all__ = ["start", "serve_forever", "ServerThread", "ServerProcess", "add_arguments", "config_from_args",
            "READY_PREFIX"]
@@ -171,7 +173,7 @@ class ServerProcess(_Base):
 
     def start(self) -> "ServerProcess":
         env = dict(os.environ if self.env is None else self.env)
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(repo_root())
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("NUMBA_CACHE_DIR", str(Path(root) / ".cache" / "numba"))
         env["PYTHONUNBUFFERED"] = "1"
@@ -218,17 +220,6 @@ class ServerProcess(_Base):
 
 # --- command line -----------------------------------------------------------------------------
 
-def _policy_param(text: str):
-    if "=" not in text:
-        raise ValueError(f"--policy-param takes NAME=VALUE, got {text!r}")
-    k, v = text.split("=", 1)
-    try:
-        val = json.loads(v)
-    except ValueError:
-        val = v
-    return k.strip(), val
-
-
 def add_arguments(p) -> None:
     """The ``serve`` subcommand's options."""
     g = p.add_argument_group("engine model (dt = iter_base + iter_slope * B + prefill * P ms)")
@@ -267,7 +258,7 @@ def config_from_args(a) -> ServeConfig:
         if v is not None:
             fields[name] = v
     engine = Engine(**fields)
-    params = dict(_policy_param(s) for s in a.policy_param)
+    params = dict(parse_policy_param(s) for s in a.policy_param)
     names = tuple(s.strip() for s in a.tenant_names.split(",") if s.strip())
     return ServeConfig(engine=engine, policy=a.policy, policy_params=params, model=a.model, n_tenants=a.tenants,
                        tenant_names=names, n_classes=a.n_classes, max_waiting=a.max_waiting,

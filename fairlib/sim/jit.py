@@ -10,23 +10,26 @@ updates most of the loop's time (about 1.7 ms of a 2 ms seed-000 run).
 
 numba keys a cached function on its own source file only, but the entry points inline the
 policies: a changed policy would silently run the old code. So `entry` stamps its cache with a
-hash of every kernel source file (fairlib/sim/*.py and fairlib/policies/*.py) instead.
+hash of every kernel source file (``KERNEL_FILES``: the state, lines, loop and this module, and
+fairlib/sim/policies/*.py) instead.
 """
 import hashlib
 from pathlib import Path
 
 import numba as nb
 
-_KERNEL_DIRS = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "policies")
+_HERE = Path(__file__).resolve().parent
+#: The files compiled into the kernels (the engine model's Python layer, e.g. simulate.py, is not).
+KERNEL_FILES = tuple([_HERE / f for f in ("jit.py", "state.py", "lines.py", "loop.py")]
+                     + sorted((_HERE / "policies").glob("*.py")))
 
 
 def kernel_stamp() -> bytes:
     """sha256 over the names and contents of every kernel source file."""
     h = hashlib.sha256()
-    for d in _KERNEL_DIRS:
-        for f in sorted(d.glob("*.py")):
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
+    for f in KERNEL_FILES:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
     return h.digest()
 
 

@@ -8,8 +8,8 @@ the policy sets key. Re-inserting a preempted request puts it back in its origin
 (The comparison is written out in place: a helper taking the key array would cost two atomic
 reference-count updates per comparison.)"""
 
-from . import jit
-from .state import KEY
+from fairlib.sim import jit
+from fairlib.sim.state import KEY
 
 
 @jit.inline

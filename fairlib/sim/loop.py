@@ -9,13 +9,49 @@ kv_capacity_tokens] (inf = no limit). The state arrays are described in fairlib/
 """
 import numpy as np
 
-from ..policies import dispatch
-from . import jit, lines
-from .state import (ADMITTED, ARRIVAL, BUSY_MS, CHARGED, DECODE_TOKENS, ENTERED, FINISH, FINISHED, FIRST,
-                    GENERATED, HELD, HELD_IDS, ITERATIONS, LAST_B, LAST_IDS, LINE, N_HELD, N_REQ, N_RUNNING,
-                    NEXT_ARRIVAL, OUTPUT, PRE_TOK, PREEMPT, PROMPT, REJECTED, RUN_IDS, RUNNING, STATUS, T_ADMITTED,
-                    T_DECODE, T_FINISHED, T_MACHINE, T_NOW, T_PREFILL, T_REJECTED, T_RUNNING, T_TOKENS, TENANT,
-                    WAITING)
+from fairlib.sim import jit, lines
+from fairlib.sim.policies import dispatch
+from fairlib.sim.state import (
+    ADMITTED,
+    ARRIVAL,
+    BUSY_MS,
+    CHARGED,
+    DECODE_TOKENS,
+    ENTERED,
+    FINISH,
+    FINISHED,
+    FIRST,
+    GENERATED,
+    HELD,
+    HELD_IDS,
+    ITERATIONS,
+    LAST_B,
+    LAST_IDS,
+    LINE,
+    N_HELD,
+    N_REQ,
+    N_RUNNING,
+    NEXT_ARRIVAL,
+    OUTPUT,
+    PRE_TOK,
+    PREEMPT,
+    PROMPT,
+    REJECTED,
+    RUN_IDS,
+    RUNNING,
+    STATUS,
+    T_ADMITTED,
+    T_DECODE,
+    T_FINISHED,
+    T_MACHINE,
+    T_NOW,
+    T_PREFILL,
+    T_REJECTED,
+    T_RUNNING,
+    T_TOKENS,
+    TENANT,
+    WAITING,
+)
 
 # step() results
 ENDED, RAN, IDLE_JUMP = 0, 1, 2

@@ -1,0 +1,35 @@
+"""Metrics of records: one code path for simulated and measured runs.
+
+Every function takes the records of one run (``fairlib.records``: a measured run directory or
+the simulator's records, the same columns) or a ``fairlib.records.Run``.
+
+Modules: ``indices`` (Jain, max/min, water-filling, demand-normalised Jain: functions of
+per-tenant vectors), ``common`` (the inputs: tenants, completed requests, SLOs), ``latency``
+(TTFT/TPOT/E2E percentiles with bootstrap intervals, SLO goodput, starvation), ``service``
+(token-weighted service, residency from the stream intervals, windowed fairness), ``run`` (one
+run's analysis and the tables over runs, victim degradation, validity), ``charts`` (altair),
+``report`` (the Markdown report and ``fairlib analyze``).
+
+    from fairlib import analysis as an
+    a = an.analyze_run("runs/http/noisy_neighbor/seed0")
+    an.tenant_table(a)
+"""
+from fairlib.analysis.charts import goodput_chart, latency_chart, share_chart, windowed_chart
+from fairlib.analysis.common import DECODE_WEIGHT, PREFILL_WEIGHT, QS, REFUSED, STARVATION_FACTOR, as_run
+from fairlib.analysis.indices import demand_normalised_jain, jain_index, max_min_ratio, percentile_cis, water_fill
+from fairlib.analysis.latency import goodput, latency, latency_wide, starvation
+from fairlib.analysis.report import main, report
+from fairlib.analysis.run import (RunAnalysis, analyze_run, ci_table, combine, fairness_table, latency_overview,
+                                  pooled_latency, tenant_latency, tenant_table, validity, validity_table,
+                                  victim_degradation, victim_overview, victim_table)
+from fairlib.analysis.service import (fairness, fit_iteration_cost, residency, stream_intervals, token_service,
+                                      windowed_fairness)
+
+__all__ = ["QS", "STARVATION_FACTOR", "PREFILL_WEIGHT", "DECODE_WEIGHT", "REFUSED", "as_run",
+           "jain_index", "max_min_ratio", "water_fill", "demand_normalised_jain", "percentile_cis",
+           "latency", "latency_wide", "goodput", "starvation",
+           "token_service", "stream_intervals", "residency", "fit_iteration_cost", "windowed_fairness", "fairness",
+           "RunAnalysis", "analyze_run", "victim_degradation", "validity", "tenant_table", "combine",
+           "pooled_latency", "ci_table", "fairness_table", "validity_table", "tenant_latency", "latency_overview",
+           "victim_table", "victim_overview",
+           "latency_chart", "share_chart", "windowed_chart", "goodput_chart", "report", "main"]

@@ -1,0 +1,78 @@
+"""The inputs every metric shares: tenants, completed requests, SLOs, the service weights.
+
+``QS`` are the reported percentiles; ``PREFILL_WEIGHT, DECODE_WEIGHT`` = 1, 2 weigh prompt and
+output tokens in token-weighted service (VTC's); ``REFUSED`` are the error classes of requests the
+server refused or never saw (not "starved"); ``STARVATION_FACTOR``: a TTFT over 10x the tenant's
+TTFT SLO counts as starved.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from fairlib.records import Run, load_run
+
+__all__ = ["QS", "STARVATION_FACTOR", "PREFILL_WEIGHT", "DECODE_WEIGHT", "REFUSED", "as_run",
+           "tenant_names_of", "tenant_index", "numeric", "completed", "slo_of"]
+
+
+
+QS = (50, 90, 99)
+
+
+STARVATION_FACTOR = 10.0
+
+
+PREFILL_WEIGHT, DECODE_WEIGHT = 1.0, 2.0
+
+
+#: Error classes of requests the server refused, or that never reached it: not "starved".
+REFUSED = ("http_429", "http_4xx", "connect_error", "client_error")
+
+
+# --- inputs ------------------------------------------------------------------------------------
+def as_run(x) -> Run:
+    """A :class:`~fairlib.records.Run` from a Run, a run directory path or a records DataFrame."""
+    if isinstance(x, Run):
+        return x
+    if isinstance(x, pd.DataFrame):
+        return Run(x)
+    if isinstance(x, (str, Path)):
+        return load_run(x)
+    raise ValueError(f"expected a Run, a run directory or a records DataFrame, got {type(x).__name__}")
+
+
+def tenant_names_of(records: pd.DataFrame, tenant_names=None) -> list:
+    if tenant_names is not None:
+        return [str(n) for n in tenant_names]
+    pairs = records[["tenant", "tenant_name"]].drop_duplicates().sort_values("tenant", kind="mergesort")
+    return [str(n) for n in pairs["tenant_name"]]
+
+
+def tenant_index(records: pd.DataFrame, names: list) -> np.ndarray:
+    pos = {n: i for i, n in enumerate(names)}
+    idx = np.array([pos.get(str(n), -1) for n in records["tenant_name"]], dtype=np.int64)
+    if len(idx) and idx.min() < 0:
+        unknown = sorted({str(n) for n in records["tenant_name"]} - set(names))
+        raise ValueError(f"records name tenants {unknown} that are not in tenant_names {names}")
+    return idx
+
+
+def numeric(records: pd.DataFrame, col: str) -> np.ndarray:
+    return pd.to_numeric(records[col], errors="coerce").to_numpy(dtype=np.float64)
+
+
+def completed(records: pd.DataFrame) -> np.ndarray:
+    return (records["error_class"] == "none").to_numpy()
+
+
+def slo_of(slos: Mapping, name: str) -> tuple:
+    if name not in slos:
+        raise ValueError(f"no SLO for tenant {name!r} (SLOs given for {sorted(slos)})")
+    s = slos[name]
+    if isinstance(s, Mapping):
+        return float(s["ttft_ms"]), float(s["tpot_ms"])
+    return float(s[0]), float(s[1])

@@ -1,7 +1,0 @@
-"""lcf: least counter first, i.e. vtc without the counter lift (fairlib/policies/vtc.py)."""
-from .vtc import PID_LCF, VTC
-
-
-class LCF(VTC):
-    name, pid = "lcf", PID_LCF
-    lift = 0

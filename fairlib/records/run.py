@@ -1,0 +1,187 @@
+"""A run of either backend in memory (``Run``) and on disk (the run directory).
+
+A measured run (``fairlib.client.run``) writes a run directory whose ``records.jsonl`` holds one
+record per request (``fairlib.records.schema.RECORD_FIELDS``); ``load_records`` reads it back and
+adds the simulator-style columns ``arrival_ms, first_token_ms, finish_ms, output_tokens,
+generated``. The simulator's records (``fairlib.records.from_sim``) have the SAME columns, so the
+analysis has one code path for both backends:
+
+    write_run_dir(run.records, "runs/x", run.config, run.summary)   # the client's files
+    run = load_run("runs/x")                              # either backend's run directory
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from fairlib.records.rundir import RunDir, load_records
+from fairlib.records.schema import RECORD_FIELDS
+from fairlib.records.summary import summarize
+from fairlib.sim.simulate import SimResult
+
+__all__ = ["RECORD_COLUMNS", "SIM_COLUMNS", "Run", "write_run_dir", "load_run", "records_summary"]
+
+#: The columns ``fairlib.client.load_records`` gives (and ``from_simulation`` too), in order.
+SIM_COLUMNS = ("arrival_ms", "first_token_ms", "finish_ms", "output_tokens", "generated")
+RECORD_COLUMNS = tuple(RECORD_FIELDS) + SIM_COLUMNS
+
+
+@dataclass
+class Run:
+    """One run of either backend: its records, resolved configuration and summary.
+
+    ``config["extra"]["scenario"]`` holds the scenario (``ScenarioSpec.to_dict()``: SLOs, tenant
+    names, duration, victim); ``config["extra"]["backend"]`` is ``"sim"`` or ``"http"``."""
+
+    records: pd.DataFrame
+    config: dict = field(default_factory=dict)
+    summary: dict = field(default_factory=dict)
+    path: Optional[str] = None
+    sim: Optional[SimResult] = None   # the simulator's own result, for a simulated run in memory
+
+    @property
+    def extra(self) -> dict:
+        return self.config.get("extra") or {}
+
+    @property
+    def scenario(self) -> dict:
+        return self.extra.get("scenario") or {}
+
+    @property
+    def name(self) -> str:
+        return self.scenario.get("name") or (Path(self.path).name if self.path else "run")
+
+    @property
+    def seed(self):
+        return self.extra.get("seed", (self.config.get("schedule") or {}).get("meta", {}).get("seed"))
+
+    @property
+    def backend(self) -> str:
+        return self.extra.get("backend") or self.config.get("backend") or "http"
+
+    @property
+    def tenant_names(self) -> list:
+        if self.scenario.get("tenants"):
+            return [t["name"] for t in self.scenario["tenants"]]
+        meta = (self.config.get("schedule") or {}).get("meta") or {}
+        if meta.get("tenant_names"):
+            return list(meta["tenant_names"])
+        r = self.records
+        pairs = r[["tenant", "tenant_name"]].drop_duplicates().sort_values("tenant")
+        return [str(n) for n in pairs["tenant_name"]]
+
+    @property
+    def slos(self) -> dict:
+        """tenant name -> (ttft_ms, tpot_ms); empty when the config carries no scenario."""
+        return {t["name"]: (float(t["ttft_slo_ms"]), float(t["tpot_slo_ms"]))
+                for t in self.scenario.get("tenants", []) if t.get("ttft_slo_ms") is not None}
+
+    @property
+    def duration_s(self) -> float:
+        """The load window (the scenario's duration), else the span of intended sends."""
+        d = self.scenario.get("duration_s")
+        if d:
+            return float(d)
+        s = pd.to_numeric(self.records["intended_send_s"], errors="coerce")
+        return float(s.max()) if len(s) and s.max() > 0 else float("nan")
+
+
+def add_sim_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """What ``fairlib.client.load_records`` adds (the same code, kept in step by a test)."""
+    for src, dst in (("actual_send_s", "arrival_ms"), ("first_token_s", "first_token_ms"), ("last_token_s", "finish_ms")):
+        df[dst] = pd.to_numeric(df[src], errors="coerce") * 1e3
+    df["output_tokens"] = df["max_tokens"]
+    df["generated"] = df["completion_tokens"]
+    return df
+
+
+def records_summary(records: pd.DataFrame, config: Optional[dict] = None) -> dict:
+    """``summary.json`` for records (the client's own ``summarize``): outcome counts, schedule
+    lag, validity, requested vs achieved rate."""
+    config = config or {}
+    sched = config.get("schedule") or {}
+    rows = list(zip(records["intended_send_s"], [None if (x is None or (isinstance(x, float) and math.isnan(x))) else x
+                                                 for x in records["actual_send_s"]], records["error_class"]))
+    requested = sched.get("requested_rate_rps")
+    if requested is None and len(records) > 1:
+        s = records["intended_send_s"].astype(float)
+        requested = (len(s) - 1) / (s.max() - s.min()) if s.max() > s.min() else None
+    out = summarize(rows, n_planned=len(records), requested_rate_rps=requested,
+                    lag_threshold_ms=float(config.get("lag_threshold_ms", 10.0)))
+    out["backend"] = config.get("backend", "sim")
+    return out
+
+
+# --- run directories ---------------------------------------------------------------------------
+def jsonable(v):
+    if v is None:
+        return None
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return None if math.isnan(v) or math.isinf(v) else float(v)
+    if isinstance(v, np.ndarray):
+        return [jsonable(x) for x in v.tolist()]
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {k: jsonable(x) for k, x in v.items()}
+    if isinstance(v, (np.bool_,)):
+        return bool(v)
+    return v
+
+
+def _local_env() -> dict:
+    pk = {}
+    for name in ("numpy", "pandas", "numba", "fairlib"):
+        try:
+            pk[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pk[name] = None
+    return {"collected_wall": time.time(), "python": sys.version, "platform": platform.platform(),
+            "machine": platform.machine(), "hostname": socket.gethostname(), "cpu_count": os.cpu_count(),
+            "packages": pk, "endpoint": None, "backend": "sim"}
+
+
+def write_run_dir(records: pd.DataFrame, run_dir, config: dict, summary: Optional[dict] = None,
+                  env: Optional[dict] = None, overwrite: bool = False) -> Path:
+    """Write a run directory with the client's files: ``config.json``, ``env.json``,
+    ``records.jsonl`` (one line per record, the fields ``RECORD_FIELDS``) and ``summary.json``
+    (written last; computed with :func:`records_summary` when not given). Refuses a directory
+    that already holds records unless ``overwrite``. ``load_records`` reads it back."""
+    rd = RunDir(run_dir, overwrite=overwrite)
+    rd.write_json("config.json", jsonable(config))
+    rd.write_json("env.json", jsonable(env if env is not None else _local_env()))
+    writer = rd.records_writer()
+    try:
+        fields = list(RECORD_FIELDS)
+        for rec in records[fields].to_dict("records"):
+            writer.write(jsonable(rec))
+    finally:
+        writer.close()
+    rd.write_json("summary.json", jsonable(summary if summary is not None else records_summary(records, config)))
+    return rd.path
+
+
+def load_run(run_dir) -> Run:
+    """A run directory of either backend as a :class:`Run` (records via ``load_records``)."""
+    p = Path(run_dir)
+    if not (p / "records.jsonl").exists():
+        raise ValueError(f"{p} is not a run directory (no records.jsonl)")
+    config = json.loads((p / "config.json").read_text(encoding="utf-8")) if (p / "config.json").exists() else {}
+    records = load_records(p)
+    summary = (json.loads((p / "summary.json").read_text(encoding="utf-8")) if (p / "summary.json").exists()
+               else records_summary(records, config))
+    return Run(records, config, summary, path=str(p))

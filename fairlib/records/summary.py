@@ -1,0 +1,69 @@
+"""``summary.json``: outcome counts and the run's own validity (schedule lag, achieved rate).
+
+Schedule lag = actual - intended send time, over the requests that were sent. A run whose p99 lag
+exceeds ``lag_threshold_ms`` is ``valid: false``: the client fell behind, and its latencies would
+partly be the client's. Requested rate = (n - 1) / span of the planned send offsets; achieved
+rate = (n_sent - 1) / span of the actual send times.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import numpy as np
+
+from fairlib.records.schema import ERROR_CLASSES
+
+__all__ = ["summarize", "lag_stats"]
+
+
+def lag_stats(lags_ms) -> dict:
+    a = np.asarray([x for x in lags_ms if x is not None], dtype=float)
+    if a.size == 0:
+        return {"n": 0, "p50": None, "p90": None, "p99": None, "max": None, "mean": None}
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {"n": int(a.size), "p50": float(p50), "p90": float(p90), "p99": float(p99),
+            "max": float(a.max()), "mean": float(a.mean())}
+
+
+def _rate(times) -> Optional[float]:
+    if len(times) < 2:
+        return None
+    span = max(times) - min(times)
+    return (len(times) - 1) / span if span > 0 else None
+
+
+def summarize(rows: Iterable[tuple], *, n_planned: int, requested_rate_rps: Optional[float],
+              lag_threshold_ms: float = 10.0, interrupted: bool = False,
+              t0_wall: Optional[float] = None, t_end_wall: Optional[float] = None) -> dict:
+    """``rows``: ``(intended_send_s, actual_send_s, error_class)`` per record."""
+    rows = list(rows)
+    counts = dict.fromkeys(ERROR_CLASSES, 0)
+    for _, _, cls in rows:
+        counts[cls] = counts.get(cls, 0) + 1
+    sent = [(i, a) for i, a, _ in rows if a is not None]
+    lag = lag_stats([(a - i) * 1e3 for i, a in sent])
+    valid = lag["p99"] is not None and lag["p99"] <= lag_threshold_ms
+    if lag["p99"] is None:
+        reason = "no request was sent"
+    elif valid:
+        reason = f"p99 schedule lag {lag['p99']:.3f} ms <= {lag_threshold_ms} ms"
+    else:
+        reason = f"p99 schedule lag {lag['p99']:.3f} ms > {lag_threshold_ms} ms: the client fell behind"
+    return {
+        "n_planned": int(n_planned),
+        "n_records": len(rows),
+        "n_sent": len(sent),
+        "n_not_sent": int(n_planned) - len(sent),
+        "n_ok": counts["none"],
+        "error_counts": counts,
+        "schedule_lag_ms": lag,
+        "lag_threshold_ms": float(lag_threshold_ms),
+        "valid": bool(valid),
+        "valid_reason": reason,
+        "requested_rate_rps": requested_rate_rps,
+        "achieved_rate_rps": _rate([a for _, a in sent]),
+        "interrupted": bool(interrupted),
+        "start_wall": t0_wall,
+        "end_wall": t_end_wall,
+        "duration_s": (t_end_wall - t0_wall) if t0_wall is not None and t_end_wall is not None else None,
+    }

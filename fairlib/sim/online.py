@@ -1,0 +1,147 @@
+"""The engine model run one iteration at a time, with requests submitted as they arrive.
+
+This is the same compiled `step` that `simulate` drives (fairlib/sim/loop.py); a real-time
+server (fairlib serve) calls it, sleeps until the iteration's end, then emits the tokens.
+
+    eng = OnlineEngine(Engine(), "vtc", n_tenants=2)
+    rid = eng.submit(tenant=0, prompt_tokens=100, output_tokens=20, arrival_ms=0.0)
+    it = eng.step()       # Iteration(code, start_ms, end_ms, ran, first, finished, rejected)
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from fairlib.sim import loop
+from fairlib.sim.engine import Engine
+from fairlib.sim.policies import make_policy
+from fairlib.sim.state import (
+    ADMITTED,
+    ARRIVAL,
+    CHARGED,
+    EST,
+    FINISH,
+    FIRST,
+    GENERATED,
+    KEY,
+    KLASS,
+    LAST_B,
+    LAST_IDS,
+    LINE,
+    N_REQ,
+    N_RUNNING,
+    NEXT_ARRIVAL,
+    OUTPUT,
+    PREEMPT,
+    PROMPT,
+    REJECTED,
+    STATUS,
+    T_NOW,
+    TENANT,
+    allocate,
+    grow,
+)
+
+__all__ = ["OnlineEngine", "Iteration"]
+
+
+class Iteration(NamedTuple):
+    """What one `step` did: `code` is loop.RAN, loop.IDLE_JUMP or loop.ENDED; `ran` emitted one
+    token each at `end_ms`; `first` got their first token, `finished` their last; `rejected`
+    were turned away at delivery."""
+    code: int
+    start_ms: float
+    end_ms: float
+    ran: np.ndarray
+    first: np.ndarray
+    finished: np.ndarray
+    rejected: np.ndarray
+
+
+class OnlineEngine:
+    def __init__(self, engine: Optional[Engine] = None, policy="fcfs", n_tenants: int = 1, n_classes: int = 4,
+                 priority_levels=range(-32, 33), capacity: int = 1024, **policy_params):
+        self.engine = Engine() if engine is None else engine
+        self.policy = make_policy(policy, **policy_params)
+        if isinstance(n_tenants, bool) or not float(n_tenants).is_integer() or n_tenants < 1:
+            raise ValueError(f"n_tenants must be an integer >= 1, got {n_tenants!r}")
+        self.n_tenants = int(n_tenants)
+        n_lines = self.policy.online_lines(self.n_tenants, n_classes, priority_levels)
+        self.S = allocate(capacity, self.n_tenants, n_lines, self.engine.max_batch)
+        self.pf, self.pi = self.policy.state(self.n_tenants)
+        self.E = self.engine.kernel_params()
+
+    @property
+    def now_ms(self) -> float:
+        return float(self.S.sf[T_NOW])
+
+    @property
+    def n_requests(self) -> int:
+        return int(self.S.si[N_REQ])
+
+    @property
+    def running(self) -> int:
+        return int(self.S.si[N_RUNNING])
+
+    def has_work(self) -> bool:
+        """Something runs or waits, or an arrival is not yet delivered."""
+        return self.running > 0 or self.S.si[NEXT_ARRIVAL] < self.S.si[N_REQ] or bool(self.S.heap_n.sum() > 0)
+
+    def submit(self, tenant: int, prompt_tokens: int, output_tokens: int, arrival_ms: Optional[float] = None,
+               est_output_tokens: Optional[int] = None, klass: int = 0, priority: int = 0) -> int:
+        """Add one request; returns its id. Arrival defaults to the clock and never goes backwards."""
+        for name, v in (("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens)):
+            if isinstance(v, bool) or not float(v).is_integer() or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if isinstance(tenant, bool) or not float(tenant).is_integer() or not 0 <= tenant < self.n_tenants:
+            raise ValueError(f"tenant must lie in 0..{self.n_tenants - 1}, got {tenant!r}")
+        n = self.n_requests
+        last = self.S.RF[ARRIVAL, n - 1] if n else 0.0
+        a = self.now_ms if arrival_ms is None else float(arrival_ms)
+        if math.isnan(a):
+            raise ValueError("arrival_ms must be a number, got NaN")
+        a = max(a, last)
+        est = int(output_tokens if est_output_tokens is None else est_output_tokens)
+        line, key, _ = self.policy.lines(np.array([n]), np.array([tenant]), np.array([klass]),
+                                         np.array([priority]), np.array([est]), self.n_tenants)
+        if n >= self.S.RF.shape[1]:
+            self.S = grow(self.S, 2 * self.S.RF.shape[1])
+        RF, RI = self.S.RF, self.S.RI
+        RF[ARRIVAL, n], RF[KEY, n] = a, key[0]
+        RI[TENANT, n], RI[PROMPT, n], RI[OUTPUT, n] = tenant, prompt_tokens, output_tokens
+        RI[EST, n], RI[KLASS, n], RI[LINE, n] = est, klass, line[0]
+        self.S.si[N_REQ] = n + 1
+        return n
+
+    def advance(self, t_ms: float) -> None:
+        """Move an idle engine's clock forward to `t_ms` (the wall clock of a real-time server)."""
+        if self.running == 0 and t_ms > self.now_ms:
+            self.S.sf[T_NOW] = t_ms
+
+    def step(self) -> Iteration:
+        """One iteration of the engine model at the current clock."""
+        start = self.now_ms
+        delivered_from = int(self.S.si[NEXT_ARRIVAL])
+        code = loop.step_once(self.S, self.E, self.policy.pid, self.pf, self.pi)
+        RI, RF = self.S.RI, self.S.RF
+        upto = int(self.S.si[NEXT_ARRIVAL])
+        new = np.arange(delivered_from, upto)
+        rejected = new[RI[STATUS, new] == REJECTED]
+        if code != loop.RAN:
+            empty = np.zeros(0, np.int64)
+            return Iteration(code, start, self.now_ms, empty, empty, empty, rejected)
+        ran = self.S.BT[LAST_IDS, :self.S.si[LAST_B]].copy()
+        end = self.now_ms
+        first = ran[RI[GENERATED, ran] == 1]
+        finished = ran[RF[FINISH, ran] == end]
+        return Iteration(code, start, end, ran, first, finished, rejected)
+
+    def request(self, rid: int) -> dict:
+        """One request's state and outcome so far."""
+        RF, RI = self.S.RF, self.S.RI
+        return {"tenant": int(RI[TENANT, rid]), "status": int(RI[STATUS, rid]), "generated": int(RI[GENERATED, rid]),
+                "admitted_ms": float(RF[ADMITTED, rid]), "first_token_ms": float(RF[FIRST, rid]),
+                "finish_ms": float(RF[FINISH, rid]), "charged_ms": float(RF[CHARGED, rid]),
+                "preemptions": int(RI[PREEMPT, rid])}
