@@ -25,7 +25,7 @@ export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export MPLBACKEND := Agg
 
-# Real engines (engines/, fairlib/engines.py), each in its own environment, never in .venv.
+# Real engines (engines/, fairlib/calibrate/lifecycle.py), each in its own environment, never in .venv.
 # Cached outside the clone so every clone on one machine (and CI) shares one set-up; a fresh
 # machine builds them from the package registries (about 9-11 minutes on 2 cores).
 export FAIRLIB_ENGINES_DIR ?= $(HOME)/.cache/fairlib/engines

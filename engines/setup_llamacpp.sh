@@ -6,7 +6,7 @@
 # and the build folder are kept, ninja/make redo only what is missing). Delete .engines/llama.cpp
 # to rebuild from scratch.
 #
-# Flags (shared/reference/real-engines.md): Release; no curl/openssl; no tests/examples; no web UI,
+# Flags: Release; no curl/openssl; no tests/examples; no web UI,
 # and LLAMA_USE_PREBUILT_UI=OFF (it defaults to downloading the UI at build time: no network here).
 #
 # Env: FAIRLIB_ENGINES_DIR (default <repo>/.engines; fairlib.calibrate.lifecycle reads it too),

@@ -4,11 +4,11 @@
 # Idempotent and cached: a stamp file records the pinned version; when it matches and the
 # import check passes, nothing is done. Delete .engines/vllm-venv to rebuild from scratch.
 #
-# Workarounds (shared/reference/real-engines.md):
+# Workarounds (found setting vLLM 0.32 CPU up from PyPI on this project's CI machine):
 #   1. torchvision/torchaudio/torchcodec from PyPI do not match the CPU torch and break the import
 #      (operator torchvision::nms does not exist): uninstall them.
-#   2. start vLLM as `python -m vllm.entrypoints.openai.api_server` (fairlib/engines.py does).
-#   3. VLLM_CPU_OMP_THREADS_BIND must be a CPU list (fairlib/engines.py sets 0-1).
+#   2. start vLLM as `python -m vllm.entrypoints.openai.api_server` (fairlib/calibrate/lifecycle.py does).
+#   3. VLLM_CPU_OMP_THREADS_BIND must be a CPU list (fairlib/calibrate/lifecycle.py sets 0-1).
 #
 # Env: PYTHON3 (default python3), FAIRLIB_ENGINES_DIR (default <repo>/.engines; fairlib.calibrate.lifecycle reads it too), VLLM_CPU_VERSION.
 set -euo pipefail

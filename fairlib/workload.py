@@ -1,7 +1,7 @@
 """Seeded multi-tenant workloads: length distributions, arrival processes, tenants, scenarios.
 
 A :class:`Scenario` turns one run seed into a request table (the engine model's input,
-shared/spec/engine-model.md). Every tenant and every purpose draws from its own stream,
+book/engine-model.md). Every tenant and every purpose draws from its own stream,
 ``rng_for(seed, tenant_index, purpose)``, so the same seed gives a bitwise-identical table and
 changing one tenant never changes another tenant's requests.
 

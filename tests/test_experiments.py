@@ -1,4 +1,4 @@
-"""Helpers the chapters call (fairlib/experiments.py): the reference grid read or recomputed,
+"""Helpers the chapters call (fairlib/chapters/experiments.py): the reference grid read or recomputed,
 the first crossing of two curves, the Azure trace as two tenants."""
 import math
 

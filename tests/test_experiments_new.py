@@ -1,4 +1,4 @@
-"""fairlib/experiments.py helpers added for chapters 1-3 (batch statistics, windows, the quota's
+"""fairlib/chapters/experiments.py helpers added for chapters 1-3 (batch statistics, windows, the quota's
 decomposition, paired differences, display rounding) and the portable sums of fairlib.sweep and
 fairlib.chapters.presets: hand-computed cases, conservation laws, agreement between independent paths."""
 import math

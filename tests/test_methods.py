@@ -1,4 +1,4 @@
-"""fairlib/methods.py (the methods page, book/methods.ipynb) and the metrics it leans on:
+"""fairlib/chapters/methods.py (the methods page, book/methods.ipynb) and the metrics it leans on:
 hand-computed cases, conservation laws and agreement between independent paths."""
 import math
 from fractions import Fraction

@@ -1,7 +1,8 @@
-"""Fairness and latency metrics: functions of per-tenant vectors and of the per-request table.
+"""Fairness indices of per-tenant vectors (and the per-request latency table of a simulation).
 
-The same functions serve simulated and measured runs (shared/spec/architecture.md). Latency
-definitions follow vLLM bench / AIPerf (shared/reference/serving-metrics.md), times in ms:
+The same functions serve simulated and measured runs. Jain's index ``(sum y)^2 / (n sum y^2)``,
+max/min, the max-min fair (water-filling) split, and Jain of service over that fair split
+(demand-normalised). Latency definitions follow vLLM bench / AIPerf, times in ms:
 
     queue = admitted_ms - arrival_ms          TTFT = first_token_ms - arrival_ms
     E2E   = finish_ms - arrival_ms            TPOT = (finish_ms - first_token_ms) / (output_tokens - 1)

@@ -1,4 +1,5 @@
-"""Preset scenarios reconstructed from the seed documents (shared/seeds)."""
+"""The seed-000 scenario of chapters 1-4, reconstructed from the figures the source blog post
+publishes (each reconstructed parameter is derived in book/methods.ipynb)."""
 from __future__ import annotations
 
 import math

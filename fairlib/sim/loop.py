@@ -2,7 +2,7 @@
 
 `run` drives `step` to a horizon for a whole table; an online server calls `step_once`, one
 iteration at a time, appending arrivals as they come: the same compiled code. The loop knows no
-policy: it calls the hooks in fairlib/policies/dispatch.py with the policy's id.
+policy: it calls the hooks in fairlib/sim/policies/dispatch.py with the policy's id.
 
 E = [iter_base_ms, iter_slope_ms, prefill_ms_per_token, max_batch, max_prefill_tokens,
 kv_capacity_tokens] (inf = no limit). The state arrays are described in fairlib/sim/state.py.

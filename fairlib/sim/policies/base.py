@@ -11,7 +11,7 @@ heap_n)``: ``pf``/``pi`` are the policy's float/int state arrays, the rest the e
 - ``on_iteration(*V, B, per_seq, E)``: ``BT[LAST_IDS, :B]`` ran (each one's prefill this iteration:
   ``RI[PRE_TOK]`` holds the prefill tokens of each request's latest admission).
 - ``on_finish(*V, r)``: ``r`` finished.
-Hooks a policy does not need are simply absent (fairlib/policies/dispatch.py).
+Hooks a policy does not need are simply absent (fairlib/sim/policies/dispatch.py).
 """
 from __future__ import annotations
 
@@ -63,12 +63,12 @@ class Policy:
         return np.zeros(len(rows), np.int64), np.asarray(rows, np.float64), 1
 
     def online_lines(self, n_tenants: int, n_classes: int, priority_levels) -> int:
-        """How many lines the policy keeps when requests arrive one by one (fairlib/online.py)."""
+        """How many lines the policy keeps when requests arrive one by one (fairlib/sim/online.py)."""
         return 1
 
     def state(self, n_tenants: int, n_requests=None):
         """(pf, pi): the float and int arrays the compiled hooks keep their state in, for a run of
-        `n_requests` requests (None: requests arrive one by one, fairlib/online.py)."""
+        `n_requests` requests (None: requests arrive one by one, fairlib/sim/online.py)."""
         return np.zeros(1), np.zeros(1, np.int64)
 
     def counters(self, pf, n_tenants):

@@ -2,7 +2,7 @@
 
 The loop (fairlib/sim/loop.py) calls these five functions and knows no policy. A new policy is a
 module beside the others plus one line per hook it implements here and one in the registry
-(fairlib/policies/__init__.py). A policy without a hook gets the default: accept everything,
+(fairlib/sim/policies/__init__.py). A policy without a hook gets the default: accept everything,
 do nothing."""
 
 from fairlib.sim import jit

@@ -1,4 +1,4 @@
-"""lcf: least counter first, i.e. vtc without the counter lift (fairlib/policies/vtc.py)."""
+"""lcf: least counter first, i.e. vtc without the counter lift (fairlib/sim/policies/vtc.py)."""
 from fairlib.sim.policies.vtc import PID_LCF, VTC
 
 

@@ -1,5 +1,5 @@
 """residency: "charge dt/B as it is spent". vtc's selection and lift, with each tenant's counter
-charged exactly the machine time the engine model charges it (fairlib/policies/vtc.py):
+charged exactly the machine time the engine model charges it (fairlib/sim/policies/vtc.py):
 prefill_ms_per_token * prefill_tokens / w_i at admission, per_seq / w_i per running sequence."""
 import numpy as np
 

@@ -2,7 +2,7 @@
 VTC artifact's ``vtc_len_predict`` scheduler does it (Ying1123/VTC-artifact,
 slora/server/router/vtc_pred_len_req_queue.py, linear cost function).
 
-Selection, lines and the counter lift are ``vtc``'s (fairlib/policies/vtc.py): serve the backlogged
+Selection, lines and the counter lift are ``vtc``'s (fairlib/sim/policies/vtc.py): serve the backlogged
 tenant with the lowest counter (ties: lowest index), its oldest request first; at an arrival that
 makes tenant i's line non-empty, ``c_i = max(c_i, min_{j backlogged, j != i} c_j)``.
 
