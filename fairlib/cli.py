@@ -64,14 +64,13 @@ def load_tokenizer(name: Optional[str]):
 
 
 def load_spec(scenario: str, *, rho=None, rate_scale=None, capacity_file=None, duration_s=None):
-    """A scenario file (name or path) as a ``ScenarioSpec`` with the load options applied."""
+    """A scenario file (name or path) as a ``ScenarioSpec`` with the load options applied:
+    ``rho`` replaces the file's rho (a baseline's: its base's), ``rate_scale`` multiplies every
+    tenant's rate (``scenarios.load``)."""
 
-    spec = scenarios.load(scenario, capacity=capacity_file, duration_s=duration_s, rho=rho)
-    if rate_scale is not None:
-        if not rate_scale > 0:
-            raise SystemExit(f"--rate-scale must be > 0, got {rate_scale}")
-        spec = scenarios.load(scenario, capacity=capacity_file, duration_s=duration_s, rho=spec.rho * rate_scale)
-    return spec
+    if rate_scale is not None and not rate_scale > 0:
+        raise SystemExit(f"--rate-scale must be > 0, got {rate_scale}")
+    return scenarios.load(scenario, capacity=capacity_file, duration_s=duration_s, rho=rho, rate_scale=rate_scale)
 
 
 def _policy_params(items) -> dict:
@@ -93,8 +92,10 @@ def _add_load_options(p) -> None:
     p.add_argument("--seed", type=int, help="run seed (default: the scenario's first seed)")
     p.add_argument("--duration-s", type=float, help="replace the scenario's run length")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--rho", type=float, help="total offered load relative to capacity (replaces the file's rho)")
-    g.add_argument("--rate-scale", type=float, help="multiply every tenant's rate (the file's rho times this)")
+    g.add_argument("--rho", type=float, help="total offered load relative to capacity (replaces the file's rho; "
+                                             "a baseline's rates follow its base scenario's rho)")
+    g.add_argument("--rate-scale", type=float, help="multiply every tenant's rate by this, in every scenario "
+                                                    "(a baseline included: the file's rho times this)")
     p.add_argument("--capacity-file", help="a fairlib probe result (JSON): load is relative to the probed engine")
     p.add_argument("--out", help="the run directory (default runs/<scenario>/<backend>/seed<seed>)")
     p.add_argument("--overwrite", action="store_true", help="replace a run directory that already holds records")

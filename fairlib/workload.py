@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import Optional, Tuple, Union
+from typing import Mapping, Optional, Tuple, Union
 
 import numpy as np
 import pandas as pd
 
 from fairlib.sim.engine import Engine
+from fairlib.sim.policies import POLICIES
 
 __all__ = [
     "PURPOSES", "rng_for",
@@ -434,6 +435,34 @@ class Scenario:
     @property
     def weights(self) -> np.ndarray:
         return np.array([t.weight for t in self.tenants], dtype=np.float64)
+
+    def policy_params(self, policy: str, params: Mapping) -> dict:
+        """``params`` for ``policy`` with the tenants' weights filled in where the policy takes
+        weights and ``params`` gives none: a per-tenant ``weights`` parameter (vtc, lcf, residency,
+        vtc_predict) gets ``[t.weight for t in tenants]``; ``weighted``'s per-class ``w`` gets
+        ``w[k]`` = the weight of class ``k``'s tenants (they must agree, and be an integer: it
+        counts turns in the rotation; 0 for a class no tenant is in). When every weight is 1 (the
+        default) nothing is filled in: the policies' own defaults are equal weights."""
+        out = dict(params)
+        cls = POLICIES.get(policy) if isinstance(policy, str) else None
+        if cls is None or all(t.weight == 1.0 for t in self.tenants):
+            return out
+        if "weights" in cls.params and "weights" not in out:
+            out["weights"] = [t.weight for t in self.tenants]
+        elif "w" in cls.params and "w" not in out:
+            w = [0] * (max(t.klass for t in self.tenants) + 1)
+            for k in range(len(w)):
+                mine = [t for t in self.tenants if t.klass == k]
+                if any(t.weight != mine[0].weight for t in mine):
+                    raise ValueError(f"policy {policy!r} weighs classes: class {k} holds tenants with different "
+                                     f"weights ({', '.join(f'{t.name}={t.weight:g}' for t in mine)}); give each "
+                                     f"its own klass, or the class weights as policy_params w")
+                if mine and not float(mine[0].weight).is_integer():
+                    raise ValueError(f"policy {policy!r} takes integer class weights (turns in its rotation): "
+                                     f"tenant {mine[0].name!r} has weight {mine[0].weight:g}; give policy_params w")
+                w[k] = int(mine[0].weight) if mine else 0
+            out["w"] = w
+        return out
 
     def rates_rps(self) -> np.ndarray:
         """Each tenant's resolved request rate (requests/s)."""

@@ -14,9 +14,12 @@ import pandas as pd
 from hypothesis import strategies as st
 
 import fairlib
+from fairlib.sim.policies import POLICIES
 from reference_sim import reference_simulate
 
-POLICY_NAMES = ("fcfs", "rpm_quota", "vtc", "lcf", "residency", "slot_cap", "priority", "weighted", "sjf", "aging")
+#: Every registered policy, in registry order (a policy's seeds in ``random_case`` follow its place).
+#: Each needs a parameter generator below (``RANDOM_PARAMS``, ``HYPOTHESIS_PARAMS``).
+POLICY_NAMES = tuple(POLICIES)
 
 REQ_FIELDS = ("rejected", "admitted_ms", "first_token_ms", "finish_ms", "generated", "charged_ms", "preemptions")
 TEN_FIELDS = ("machine_ms", "prefill_ms", "decode_ms", "decode_tokens", "requests_admitted", "requests_finished",
@@ -156,33 +159,68 @@ def random_case(seed, policy, n_max=80):
     return df, kw
 
 
-def random_params(rng, policy, n_tenants, n_classes):
-    def weights():
-        return [float(x) for x in rng.choice([0.5, 1.0, 2.0, 3.0], n_tenants)] if rng.random() < 0.5 \
-            else [float(x) for x in rng.uniform(0.2, 5.0, n_tenants)]
+def _weights(rng, n_tenants):
+    return [float(x) for x in rng.choice([0.5, 1.0, 2.0, 3.0], n_tenants)] if rng.random() < 0.5 \
+        else [float(x) for x in rng.uniform(0.2, 5.0, n_tenants)]
 
-    if policy == "rpm_quota":
-        return {"limit": int(rng.integers(1, 21))}
-    if policy in ("vtc", "lcf"):
-        p = {}
-        if rng.random() < 0.7:
-            p["wp"] = float(rng.choice([0.0, 0.5, 1.0, 2.0])) if rng.random() < 0.5 else float(rng.uniform(0, 3))
-            p["wq"] = float(rng.choice([0.0, 1.0, 2.0, 4.0])) if rng.random() < 0.5 else float(rng.uniform(0, 3))
-        if rng.random() < 0.6:
-            p["weights"] = weights()
-        return p
-    if policy == "residency":
-        return {"weights": weights()} if rng.random() < 0.6 else {}
-    if policy == "slot_cap":
-        return {"cap": int(rng.integers(1, 5))}
-    if policy == "weighted":
-        w = [int(x) for x in rng.integers(0, 6, n_classes + int(rng.integers(0, 2)))]
-        if sum(w) == 0:
-            w[0] = 1
-        return {"w": w}
-    if policy == "aging":
-        return {"rate": float(rng.choice([0.0, 0.01, 5.0]))}
+
+def _vtc_params(rng, n_tenants, n_classes):
+    p = {}
+    if rng.random() < 0.7:
+        p["wp"] = float(rng.choice([0.0, 0.5, 1.0, 2.0])) if rng.random() < 0.5 else float(rng.uniform(0, 3))
+        p["wq"] = float(rng.choice([0.0, 1.0, 2.0, 4.0])) if rng.random() < 0.5 else float(rng.uniform(0, 3))
+    if rng.random() < 0.6:
+        p["weights"] = _weights(rng, n_tenants)
+    return p
+
+
+def _weighted_params(rng, n_tenants, n_classes):
+    w = [int(x) for x in rng.integers(0, 6, n_classes + int(rng.integers(0, 2)))]
+    if sum(w) == 0:
+        w[0] = 1
+    return {"w": w}
+
+
+def _vtc_predict_params(rng, n_tenants, n_classes):
+    p = _vtc_params(rng, n_tenants, n_classes)
+    if rng.random() < 0.6:
+        p["window"] = int(rng.choice([1, 2, 5, 8]))
+    if rng.random() < 0.5:
+        p["init"] = float(rng.choice([0.0, 1.0, 4.0])) if rng.random() < 0.5 else float(rng.uniform(0, 20))
+    return p
+
+
+def _none(rng, n_tenants, n_classes):
     return {}
+
+
+#: policy -> f(rng, n_tenants, n_classes) -> random simulate() keyword parameters
+RANDOM_PARAMS = {
+    "fcfs": _none,
+    "rpm_quota": lambda rng, n_t, n_c: {"limit": int(rng.integers(1, 21))},
+    "vtc": _vtc_params,
+    "lcf": _vtc_params,
+    "residency": lambda rng, n_t, n_c: {"weights": _weights(rng, n_t)} if rng.random() < 0.6 else {},
+    "slot_cap": lambda rng, n_t, n_c: {"cap": int(rng.integers(1, 5))},
+    "priority": _none,
+    "weighted": _weighted_params,
+    "sjf": _none,
+    "aging": lambda rng, n_t, n_c: {"rate": float(rng.choice([0.0, 0.01, 5.0]))},
+    "rr": _none,
+    "vtc_predict": _vtc_predict_params,
+}
+
+
+def generator(table, policy):
+    """``table[policy]``, or an error naming the policy the harness does not know."""
+    if policy not in table:
+        raise ValueError(f"tests/sim_harness.py has no parameter generator for policy {policy!r}: "
+                       f"add it to RANDOM_PARAMS and HYPOTHESIS_PARAMS")
+    return table[policy]
+
+
+def random_params(rng, policy, n_tenants, n_classes):
+    return generator(RANDOM_PARAMS, policy)(rng, n_tenants, n_classes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,21 +280,42 @@ def workloads(draw, policy, max_requests=40):
     return df, kw
 
 
-def policy_params(policy, n_tenants, n_classes):
+def _st_weights(n_tenants):
     weight = st.one_of(st.sampled_from([0.5, 1.0, 2.0, 3.0]), st.floats(0.1, 8.0))
-    weights = st.lists(weight, min_size=n_tenants, max_size=n_tenants)
-    if policy == "rpm_quota":
-        return st.fixed_dictionaries({"limit": st.integers(1, 20)})
-    if policy in ("vtc", "lcf"):
-        rate = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 2.0]), st.floats(0.0, 4.0))
-        return st.fixed_dictionaries({}, optional={"wp": rate, "wq": rate, "weights": weights})
-    if policy == "residency":
-        return st.fixed_dictionaries({}, optional={"weights": weights})
-    if policy == "slot_cap":
-        return st.fixed_dictionaries({"cap": st.integers(1, 4)})
-    if policy == "weighted":
-        w = st.lists(st.integers(0, 5), min_size=n_classes, max_size=n_classes + 1).filter(lambda v: sum(v) > 0)
-        return st.fixed_dictionaries({"w": w})
-    if policy == "aging":
-        return st.fixed_dictionaries({"rate": st.sampled_from([0.0, 0.01, 5.0])})
+    return st.lists(weight, min_size=n_tenants, max_size=n_tenants)
+
+
+def _st_rate():
+    return st.one_of(st.sampled_from([0.0, 0.5, 1.0, 2.0]), st.floats(0.0, 4.0))
+
+
+def _st_vtc(n_tenants, n_classes):
+    return st.fixed_dictionaries({}, optional={"wp": _st_rate(), "wq": _st_rate(), "weights": _st_weights(n_tenants)})
+
+
+def _st_none(n_tenants, n_classes):
     return st.just({})
+
+
+#: policy -> f(n_tenants, n_classes) -> hypothesis strategy of simulate() keyword parameters
+HYPOTHESIS_PARAMS = {
+    "fcfs": _st_none,
+    "rpm_quota": lambda n_t, n_c: st.fixed_dictionaries({"limit": st.integers(1, 20)}),
+    "vtc": _st_vtc,
+    "lcf": _st_vtc,
+    "residency": lambda n_t, n_c: st.fixed_dictionaries({}, optional={"weights": _st_weights(n_t)}),
+    "slot_cap": lambda n_t, n_c: st.fixed_dictionaries({"cap": st.integers(1, 4)}),
+    "priority": _st_none,
+    "weighted": lambda n_t, n_c: st.fixed_dictionaries(
+        {"w": st.lists(st.integers(0, 5), min_size=n_c, max_size=n_c + 1).filter(lambda v: sum(v) > 0)}),
+    "sjf": _st_none,
+    "aging": lambda n_t, n_c: st.fixed_dictionaries({"rate": st.sampled_from([0.0, 0.01, 5.0])}),
+    "rr": _st_none,
+    "vtc_predict": lambda n_t, n_c: st.fixed_dictionaries({}, optional={
+        "wp": _st_rate(), "wq": _st_rate(), "weights": _st_weights(n_t), "window": st.integers(1, 8),
+        "init": st.one_of(st.sampled_from([0.0, 1.0, 4.0]), st.floats(0.0, 20.0))}),
+}
+
+
+def policy_params(policy, n_tenants, n_classes):
+    return generator(HYPOTHESIS_PARAMS, policy)(n_tenants, n_classes)

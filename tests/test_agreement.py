@@ -4,7 +4,8 @@ total, to rtol 1e-9 (NaN equals NaN), over random workloads and every policy
 (book/engine-model.md: "the test suite checks that both agree to rtol = 1e-9").
 
 Three sources of workloads:
-- a fixed list of numpy-seeded workloads (``sim_harness.random_case``), 30 seeds x 10 policies;
+- a fixed list of numpy-seeded workloads (``sim_harness.random_case``), 30 seeds x every policy of
+  the registry (``fairlib.sim.policies.POLICIES``; the harness derives its list from it);
 - hypothesis (``sim_harness.workloads``), derandomised so CI is deterministic;
 - the seed-000 preset over 120 s, as published and with classes, a small KV cache and a prefill
   budget.
@@ -17,8 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fairlib.chapters.presets import seed000
-from sim_harness import (POLICY_NAMES, assert_agree, compiled_result, compiled_simulate, random_case, reference_simulate,
-                         workloads)
+from fairlib.sim.policies import POLICIES
+from sim_harness import (HYPOTHESIS_PARAMS, POLICY_NAMES, RANDOM_PARAMS, assert_agree, compiled_result,
+                         compiled_simulate, random_case, reference_simulate, workloads)
 
 SEEDS = range(30)
 
@@ -88,8 +90,15 @@ def test_hypothesis_workloads_agree(policy, data):
 SEED000_PARAMS = {
     "fcfs": {}, "rpm_quota": {"limit": 400}, "vtc": {}, "lcf": {"wp": 1.0, "wq": 2.0},
     "residency": {}, "slot_cap": {"cap": 8}, "priority": {}, "weighted": {"w": [5, 3, 2, 1]},
-    "sjf": {}, "aging": {"rate": 5.0},
+    "sjf": {}, "aging": {"rate": 5.0}, "rr": {}, "vtc_predict": {},
 }
+
+
+def test_the_harness_covers_exactly_the_registry():
+    """Every registered policy is in the randomized agreement, property and error tests (they take
+    their list from sim_harness.POLICY_NAMES) and has parameters to draw; nothing else is."""
+    assert list(POLICY_NAMES) == list(POLICIES)
+    assert set(RANDOM_PARAMS) == set(HYPOTHESIS_PARAMS) == set(SEED000_PARAMS) == set(POLICIES)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,6 +1,6 @@
 """fairlib.analysis: hand-computed cases, the residency reconstruction against the simulator's
 exact accounting, and one code path for simulated and measured (run-directory) records."""
-import math
+import copy
 
 import numpy as np
 import pandas as pd
@@ -11,6 +11,8 @@ from fairlib import analysis as an
 from fairlib import records, scenarios
 from fairlib.client import RECORD_FIELDS
 from fairlib.analysis.indices import demand_normalised_jain, jain_index, percentile_cis, water_fill
+from fairlib.analysis import run as an_run
+from fairlib.analysis import service as an_service
 from fairlib.records import Run
 
 
@@ -33,8 +35,7 @@ def rec(tenant, send, chunks, *, prompt=10, max_tokens=None, error="none", first
 
 
 def frame(rows):
-    df = pd.DataFrame(rows, columns=list(RECORD_FIELDS))
-    return records.add_sim_columns(df)
+    return pd.DataFrame(rows, columns=list(RECORD_FIELDS))
 
 
 def run_of(rows, slos=None, duration_s=10.0, names=("a", "b"), **scen):
@@ -268,3 +269,62 @@ def test_cli_needs_slos_for_runs_without_a_scenario(tmp_path):
     assert an.main(["--run", str(d), "--out", str(out), "--n-boot", "20", "--slo", "1000,50"]) == 0
     assert "| a " in out.read_text()
     assert an.main(["--run", str(d), "--out", str(out), "--slo", "1000"]) == 2
+
+
+# --- report leaves its inputs alone; analyze_run builds the stream intervals once ----------------
+def test_report_leaves_the_runs_it_is_given_unchanged():
+    bare = records.simulate_run(scenarios.load("fair_share", duration_s=5), 0)
+    bare.config = {k: v for k, v in bare.config.items() if k != "extra"}      # no scenario: no SLOs
+    named = records.simulate_run(scenarios.load("fair_share", duration_s=5), 1)
+    before = [(copy.deepcopy(r.config), copy.deepcopy(r.summary), r.records.copy()) for r in (bare, named)]
+    text = an.report([bare, named], n_boot=20, default_slo=(1000.0, 50.0))
+    assert "| a " in text
+    for r, (config, summary, recs) in zip((bare, named), before):
+        assert r.config == config and r.summary == summary
+        pd.testing.assert_frame_equal(r.records, recs)
+    assert bare.slos == {}                                    # the SLOs went into the report's copy only
+
+
+def test_analyze_run_builds_the_intervals_once_and_gives_the_same_tables(monkeypatch):
+    run = records.simulate_run(scenarios.load("prefill_mix", duration_s=12), 0)
+    names = run.tenant_names
+    # each public function on its own (building its own intervals)
+    res = an.residency(run, "load", names)
+    fitted = an.residency(run, "load", names, prefill="fitted")
+    fair = an.fairness(run, "load", names)
+    win = an.windowed_fairness(run, 4.0, names)
+    calls = []
+    build = an_service.build_intervals
+
+    def counting(*args, **kw):
+        calls.append(args[1:])
+        return build(*args, **kw)
+    monkeypatch.setattr(an_service, "build_intervals", counting)
+    monkeypatch.setattr(an_run, "build_intervals", counting)
+    a = an.analyze_run(run, window_s=4.0, n_boot=20)
+    assert len(calls) == 1
+    pd.testing.assert_frame_equal(a.residency, res, check_exact=True)
+    pd.testing.assert_frame_equal(a.residency_fitted, fitted, check_exact=True)
+    assert a.residency_fitted.attrs["fit"] == fitted.attrs["fit"] == a.cost_fit
+    assert a.cost_fit["prefill_ms_per_token"] == pytest.approx(0.06, rel=1e-6)   # the engine model's
+    assert pd.Series(a.fairness).equals(pd.Series(fair))
+    pd.testing.assert_frame_equal(a.windowed, win, check_exact=True)
+
+
+def test_intervals_built_for_other_tenants_or_tolerance_are_refused():
+    run = run_of(hand_timeline())
+    iv = an.build_intervals(run.records, ["a", "b"])
+    pd.testing.assert_frame_equal(an.residency(run, "all", intervals=iv), an.residency(run, "all"))
+    with pytest.raises(ValueError, match="intervals: built for tenants"):
+        an.residency(run, "all", ["b", "a"], intervals=iv)
+    with pytest.raises(ValueError, match="tick_tol_s"):
+        an.windowed_fairness(run, 2.0, tick_tol_s=1e-3, intervals=iv)
+
+
+def test_validity_table_of_runs_and_of_analyses_is_the_same():
+    runs = [records.simulate_run(scenarios.load("fair_share", duration_s=5), s) for s in (0, 1)]
+    of_runs = an.validity_table(runs)
+    of_analyses = an.validity_table([an.analyze_run(r, n_boot=20) for r in runs])
+    pd.testing.assert_frame_equal(of_runs, of_analyses)
+    assert of_runs["seed"].tolist() == [0, 1] and of_runs["scenario"].tolist() == ["fair_share"] * 2
+    assert of_runs["errors"].tolist() == ["-", "-"] and of_runs["backend"].tolist() == ["sim", "sim"]

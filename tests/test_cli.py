@@ -99,7 +99,7 @@ def test_simulate_writes_the_same_run_directory_shape(tmp_path):
     assert main(["simulate", "--scenario", "victim_baseline", "--duration-s", "4", "--out", str(out)]) == 0
     run = load_run(out)
     assert run.backend == "sim" and len(run.records) > 0
-    assert set(load_records(out).columns) >= {"ttft_s", "chunk_times_s", "arrival_ms"}
+    assert set(load_records(out).columns) >= {"ttft_s", "chunk_times_s", "actual_send_s"}
     with pytest.raises(FileExistsError):
         main(["simulate", "--scenario", "victim_baseline", "--duration-s", "4", "--out", str(out)])
     assert main(["simulate", "--scenario", "victim_baseline", "--duration-s", "4", "--out", str(out),

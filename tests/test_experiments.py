@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairlib import sweep, traces
+from fairlib import traces
 from fairlib.chapters import experiments, grid, presets
 
 needs_grid = pytest.mark.skipif(not grid.GRID_FILE.exists(), reason="no saved grid (data/grid_seed000.csv.gz)")

@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairlib import sweep
 from fairlib.chapters import experiments, grid, presets
 from fairlib.sim.engine import SEED000_ENGINE
 from fairlib.analysis.indices import jain_index

@@ -2,14 +2,13 @@
 saved engine fits and live runs in ``data/`` (what chapters 1 and 8 analyse by default), and the
 bounds the chapters assert on them. The live counterparts are in ``tests/test_real_engines.py``."""
 import copy
-import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fairlib import Engine
+from fairlib import analysis as an
 from fairlib.calibrate import fit
 from fairlib.chapters import fidelity as fd
 from fairlib.calibrate.probe import load_engine as probe_load_engine
@@ -161,3 +160,17 @@ def test_saved_data_is_small():
     total = sum(p.stat().st_size for p in (ROOT / "data" / "runs").rglob("*") if p.is_file())
     total += sum(p.stat().st_size for p in (ROOT / "data" / "engines").glob("*.json"))
     assert total < 15 * 2 ** 20, f"data/runs + data/engines hold {total / 2**20:.1f} MiB"
+
+
+def test_live_validity_table_is_the_analysis_one_renamed_plus_the_live_columns():
+    runs = fd.load_saved("llamacpp", ["fair_share", "seed000"])
+    live = fd.live_validity_table(runs)
+    base = an.validity_table(runs)
+    assert not hasattr(fd, "validity_table")                      # one validity_table: fairlib.analysis's
+    assert list(live.index.names) == ["engine", "scenario", "seed"]
+    assert list(live.index) == [("llamacpp", r.name, r.seed) for r in runs]
+    for col, shown in fd.LIVE_VALIDITY_COLUMNS.items():
+        assert live[shown].tolist() == base[col].tolist(), col
+    assert list(live.columns) == [*fd.LIVE_VALIDITY_COLUMNS.values(), "machine load (1 min)", "client pauses",
+                                  "client paused (ms)"]
+    assert live["client pauses"].tolist() == [fd.stalls(r)["n"] for r in runs]

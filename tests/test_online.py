@@ -1,15 +1,20 @@
 """The online engine (one iteration per call, requests submitted as they come) is the batch
 simulator's own step: feeding a table request by request must reproduce `simulate` exactly."""
+import copy
+
 import numpy as np
+import pandas as pd
 import pytest
 
 import fairlib
 from fairlib.chapters import presets
 from fairlib.sim.online import OnlineEngine
 from fairlib.sim import loop
+from sim_harness import random_params
 
-CASES = [("fcfs", {}), ("vtc", {}), ("residency", {}), ("priority", {}), ("rpm_quota", {"limit": 30}),
-         ("slot_cap", {"cap": 3}), ("weighted", {"w": [3, 1, 1, 1]}), ("aging", {"rate": 0.5}), ("sjf", {})]
+PARAMS = {"fcfs": {}, "rpm_quota": {"limit": 30}, "vtc": {}, "lcf": {"wp": 1.0, "wq": 2.0}, "residency": {},
+          "slot_cap": {"cap": 3}, "priority": {}, "weighted": {"w": [3, 1, 1, 1]}, "sjf": {}, "aging": {"rate": 0.5},
+          "rr": {}, "vtc_predict": {"window": 3, "init": 4.0}}
 
 
 def replay(df, engine, policy, params, n_tenants):
@@ -28,8 +33,13 @@ def replay(df, engine, policy, params, n_tenants):
         eng.advance(float(df.arrival_ms[i]))
 
 
-@pytest.mark.parametrize("policy,params", CASES)
-def test_online_replay_equals_batch(policy, params):
+def test_every_policy_is_replayed():
+    assert set(PARAMS) == set(fairlib.POLICIES)
+
+
+@pytest.mark.parametrize("policy", list(fairlib.POLICIES))
+def test_online_replay_equals_batch(policy):
+    params = PARAMS[policy]
     df = presets.seed000(seed=3, duration_s=15).requests(3)
     df["klass"] = df["tenant"]
     engine = fairlib.Engine(9.0, 0.55, 0.06, 8, kv_capacity_tokens=4000)
@@ -72,3 +82,34 @@ def test_bad_submissions_name_the_field():
         eng.submit(2, 5, 5)
     with pytest.raises(ValueError, match="priority"):
         OnlineEngine(fairlib.Engine(), "priority", priority_levels=range(0, 3)).submit(0, 5, 5, priority=7)
+    with pytest.raises(ValueError, match="klass.*< 2"):
+        OnlineEngine(fairlib.Engine(), "aging", n_classes=2).submit(0, 5, 5, klass=2)
+    with pytest.raises(ValueError, match="n_classes"):
+        OnlineEngine(fairlib.Engine(), "aging", n_classes=0)
+
+
+@pytest.mark.parametrize("policy", list(fairlib.POLICIES))
+def test_online_use_leaves_the_policy_object_unchanged(policy):
+    """One policy object serves simulate(), then the online stepper, then simulate() again on the
+    same table: the same result, no error. (Priority and Aging kept the online engine's limits on
+    the object: afterwards a table with a priority outside -32..32 or a klass >= 4 was refused.)"""
+    df = pd.DataFrame({"arrival_ms": np.arange(12) * 3.0, "tenant": np.arange(12) % 3,
+                       "prompt_tokens": np.full(12, 10), "output_tokens": np.arange(12) % 4 + 1,
+                       "est_output_tokens": np.arange(12) % 5 + 1, "klass": np.arange(12) % 6,
+                       "priority": np.array([40, -40, 0, 1, 2, 3] * 2)})
+    engine = fairlib.Engine(10.0, 1.0, 0.1, 2)
+    pol = fairlib.make_policy(policy, **random_params(np.random.default_rng(0), policy, 3, 6))
+    before = copy.deepcopy(pol.__dict__)
+    first = fairlib.simulate(df, engine, pol, n_tenants=3)
+    eng = OnlineEngine(engine, pol, n_tenants=3)
+    eng.submit(1, 10, 2, 0.0, est_output_tokens=2, klass=0, priority=0)
+    while eng.has_work():
+        eng.step()
+    assert eng.request(0)["finish_ms"] == pytest.approx(12.0 + 11.0)   # alone: 10 + 1 + 0.1 * 10, then 10 + 1
+    second = fairlib.simulate(df, engine, pol, n_tenants=3)
+    assert pol.__dict__ == before
+    pd.testing.assert_frame_equal(first.requests, second.requests, check_exact=True)
+    pd.testing.assert_frame_equal(first.tenants, second.tenants, check_exact=True)
+    assert first.run == second.run
+    if first.counters is not None:
+        np.testing.assert_array_equal(first.counters, second.counters)

@@ -8,7 +8,7 @@ import pytest
 
 import fairlib
 from fairlib import records, scenarios
-from fairlib.client import RECORD_FIELDS, load_records
+from fairlib.client import RECORD_FIELDS, EndpointConfig, load_records
 from fairlib.records.rundir import load_summary
 from fairlib.workload import Constant, Scenario, Tenant
 
@@ -24,10 +24,7 @@ def tiny_records(**kw):
 
 def test_columns_are_the_measured_ones():
     _, _, rec = tiny_records()
-    assert tuple(rec.columns) == records.RECORD_COLUMNS
-    assert records.RECORD_COLUMNS[:len(RECORD_FIELDS)] == tuple(RECORD_FIELDS)
-    assert records.RECORD_COLUMNS[len(RECORD_FIELDS):] == ("arrival_ms", "first_token_ms", "finish_ms",
-                                                           "output_tokens", "generated")
+    assert tuple(rec.columns) == records.RECORD_COLUMNS == tuple(RECORD_FIELDS)   # no extra columns
 
 
 def test_hand_computed_token_times():
@@ -51,8 +48,8 @@ def test_hand_computed_token_times():
     assert rec["intended_send_s"].tolist() == rec["actual_send_s"].tolist() == [0.0, 0.0, 0.005]
     assert rec.loc[1, "usage"] == {"prompt_tokens": 50, "completion_tokens": 2, "total_tokens": 52}
     assert rec.loc[2, "server_timings"]["queue_time_ms"] == pytest.approx(22.0)   # admitted at 27
-    np.testing.assert_allclose(rec["finish_ms"], res.requests["finish_ms"])
-    np.testing.assert_allclose(rec["first_token_ms"], res.requests["first_token_ms"])
+    np.testing.assert_allclose(rec["last_token_s"].astype(float) * 1e3, res.requests["finish_ms"])
+    np.testing.assert_allclose(rec["first_token_s"].astype(float) * 1e3, res.requests["first_token_ms"])
 
 
 @pytest.mark.parametrize("policy,params", [("fcfs", {}), ("vtc", {}), ("residency", {}), ("priority", {}),
@@ -167,3 +164,32 @@ def test_run_directory_round_trip(tmp_path):
 def test_load_run_rejects_a_non_run_directory(tmp_path):
     with pytest.raises(ValueError, match="records.jsonl"):
         records.load_run(tmp_path)
+
+
+def _without_backend(config: dict) -> dict:
+    out = {k: v for k, v in config.items() if k != "backend"}
+    out["extra"] = {k: v for k, v in config["extra"].items() if k != "backend"}
+    return out
+
+
+def test_backend_is_what_the_run_records(tmp_path):
+    run = records.simulate_run(scenarios.load("fair_share", duration_s=4), 0)
+    cfg = _without_backend(run.config)
+    # simulated, the config silent: the summary says "sim", and so does the simulator's result in memory
+    d = records.write_run_dir(run.records, tmp_path / "sim", cfg, run.summary)
+    assert run.summary["backend"] == "sim" and records.load_run(d).backend == "sim"
+    assert records.Run(run.records, cfg, {}, sim=run.sim).backend == "sim"
+    # measured: the client's config (its endpoint, no backend in extra) and summary (no backend)
+    client_cfg = {"endpoint": EndpointConfig(base_url="http://127.0.0.1:9/v1", model="m").to_dict(),
+                  "lag_threshold_ms": 10.0, "schedule": cfg["schedule"], "extra": {"scenario": cfg["extra"]["scenario"]}}
+    summary = records.summarize(zip(run.records["intended_send_s"], run.records["actual_send_s"],
+                                    run.records["error_class"]), n_planned=len(run.records), requested_rate_rps=None)
+    assert "backend" not in summary
+    d = records.write_run_dir(run.records, tmp_path / "http", client_cfg, summary)
+    assert records.load_run(d).backend == "http"
+    # nothing says: unknown, not a guess; records_summary does not guess either
+    assert records.Run(run.records).backend == "unknown"
+    assert records.records_summary(run.records, cfg)["backend"] == "unknown"
+    d = records.write_run_dir(run.records, tmp_path / "bare", cfg)
+    assert records.load_run(d).backend == "unknown"
+    assert json.loads((d / "env.json").read_text())["backend"] == "unknown"

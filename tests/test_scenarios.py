@@ -1,6 +1,5 @@
 """fairlib.scenarios: the scenario files, capacity-relative load, and the loader's validation."""
 import json
-import math
 
 import numpy as np
 import pytest

@@ -4,7 +4,7 @@ Every function takes the records of one run (``fairlib.records``: a measured run
 the simulator's records, the same columns) or a ``fairlib.records.Run``.
 
 Modules: ``indices`` (Jain, max/min, water-filling, demand-normalised Jain: functions of
-per-tenant vectors), ``common`` (the inputs: tenants, completed requests, SLOs), ``latency``
+per-tenant vectors; percentiles with bootstrap intervals), ``common`` (the inputs: tenants, completed requests, SLOs), ``latency``
 (TTFT/TPOT/E2E percentiles with bootstrap intervals, SLO goodput, starvation), ``service``
 (token-weighted service, residency from the stream intervals, windowed fairness), ``run`` (one
 run's analysis and the tables over runs, victim degradation, validity), ``charts`` (altair),
@@ -22,13 +22,13 @@ from fairlib.analysis.report import main, report
 from fairlib.analysis.run import (RunAnalysis, analyze_run, ci_table, combine, fairness_table, latency_overview,
                                   pooled_latency, tenant_latency, tenant_table, validity, validity_table,
                                   victim_degradation, victim_overview, victim_table)
-from fairlib.analysis.service import (fairness, fit_iteration_cost, residency, stream_intervals, token_service,
-                                      windowed_fairness)
+from fairlib.analysis.service import (build_intervals, fairness, fit_iteration_cost, residency, stream_intervals,
+                                      token_service, windowed_fairness)
 
 __all__ = ["QS", "STARVATION_FACTOR", "PREFILL_WEIGHT", "DECODE_WEIGHT", "REFUSED", "as_run",
            "jain_index", "max_min_ratio", "water_fill", "demand_normalised_jain", "percentile_cis",
            "latency", "latency_wide", "goodput", "starvation",
-           "token_service", "stream_intervals", "residency", "fit_iteration_cost", "windowed_fairness", "fairness",
+           "token_service", "stream_intervals", "build_intervals", "residency", "fit_iteration_cost", "windowed_fairness", "fairness",
            "RunAnalysis", "analyze_run", "victim_degradation", "validity", "tenant_table", "combine",
            "pooled_latency", "ci_table", "fairness_table", "validity_table", "tenant_latency", "latency_overview",
            "victim_table", "victim_overview",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -37,6 +38,20 @@ def _md(df: pd.DataFrame, digits: int = 2) -> str:
     return df.round(digits).to_markdown()
 
 
+def _with_slos(run: Run, default_slo: Optional[tuple]) -> Run:
+    """``run`` itself when its config names SLOs; else a new Run (the same records and summary)
+    whose scenario gives every tenant ``default_slo`` = ``(ttft_ms, tpot_ms)``. ``run`` is left as it is."""
+    if run.slos:
+        return run
+    if default_slo is None:
+        raise ValueError(f"run {run.path or run.name}: its config names no SLOs (no scenario); "
+                         "give them with --slo TTFT_MS,TPOT_MS")
+    tenants = [{"name": n, "ttft_slo_ms": float(default_slo[0]), "tpot_slo_ms": float(default_slo[1])}
+               for n in run.tenant_names]
+    sc = {"name": run.name, **run.scenario, "tenants": tenants}
+    return replace(run, config={**run.config, "extra": {**run.extra, "scenario": sc}})
+
+
 def _group(runs: Sequence[Run]) -> dict:
     groups: dict = {}
     runs = sorted(runs, key=lambda r: (str(r.name), str(r.backend), str(r.seed)))
@@ -51,19 +66,9 @@ def report(runs: Sequence, baselines: Sequence = (), plots_dir: Optional[Path] =
     is reported for a scenario that names a victim and a baseline when runs of that baseline are
     among ``runs`` or ``baselines``. With ``plots_dir``, SVG charts are written there and linked.
     ``default_slo`` = ``(ttft_ms, tpot_ms)`` for every tenant of a run whose config names no SLOs
-    (a run made without a scenario file)."""
-    runs = [as_run(r) for r in runs]
-    base_runs = [as_run(r) for r in baselines]
-    for r in runs + base_runs:
-        if not r.slos:
-            if default_slo is None:
-                raise ValueError(f"run {r.path or r.name}: its config names no SLOs (no scenario); "
-                                 "give them with --slo TTFT_MS,TPOT_MS")
-            sc = dict(r.scenario)
-            sc["tenants"] = [{"name": n, "ttft_slo_ms": float(default_slo[0]), "tpot_slo_ms": float(default_slo[1])}
-                             for n in r.tenant_names]
-            sc.setdefault("name", r.name)
-            r.config = {**r.config, "extra": {**r.extra, "scenario": sc}}
+    (a run made without a scenario file). The runs given are left unchanged."""
+    runs = [_with_slos(as_run(r), default_slo) for r in runs]
+    base_runs = [_with_slos(as_run(r), default_slo) for r in baselines]
     groups = _group(runs)
     by_name: dict = {}
     for r in runs + base_runs:

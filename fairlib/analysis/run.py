@@ -22,7 +22,7 @@ import pandas as pd
 from fairlib.analysis.common import QS, as_run, completed, numeric
 from fairlib.analysis.indices import jain_index, percentile_cis
 from fairlib.analysis.latency import goodput, latency, latency_wide, starvation
-from fairlib.analysis.service import fairness, residency, token_service, windowed_fairness
+from fairlib.analysis.service import build_intervals, fairness, residency, token_service, windowed_fairness
 from fairlib.records import Run
 
 __all__ = ["victim_degradation", "validity", "RunAnalysis", "analyze_run", "tenant_table",
@@ -133,14 +133,17 @@ class RunAnalysis:
 
 def analyze_run(run, slos: Optional[Mapping] = None, window="load", window_s: float = 10.0, n_boot: int = 1000,
                 seed: int = 0, tick_tol_s: Optional[float] = None) -> RunAnalysis:
-    """All tenantbench metrics of one run (SLOs from the run's scenario unless given)."""
+    """All tenantbench metrics of one run (SLOs from the run's scenario unless given). The stream
+    intervals (``build_intervals``) are built once and shared by residency, fairness and the
+    windowed series."""
     run = as_run(run)
     names = run.tenant_names
     slos = dict(slos) if slos is not None else run.slos
     if not slos:
         raise ValueError(f"run {run.name!r}: no SLOs in its config (config.extra.scenario); pass slos=")
     dur = run.duration_s
-    fitted = residency(run, window, names, tick_tol_s, prefill="fitted")
+    iv = build_intervals(run.records, names, tick_tol_s)
+    fitted = residency(run, window, names, tick_tol_s, prefill="fitted", intervals=iv)
     return RunAnalysis(
         run=run,
         residency_fitted=fitted,
@@ -149,9 +152,9 @@ def analyze_run(run, slos: Optional[Mapping] = None, window="load", window_s: fl
         goodput=goodput(run.records, slos, dur, names),
         starvation=starvation(run.records, slos, tenant_names=names),
         tokens=token_service(run, window, names),
-        residency=residency(run, window, names, tick_tol_s),
-        fairness=fairness(run, window, names, tick_tol_s),
-        windowed=windowed_fairness(run, window_s, names, tick_tol_s),
+        residency=residency(run, window, names, tick_tol_s, intervals=iv),
+        fairness=fairness(run, window, names, tick_tol_s, intervals=iv),
+        windowed=windowed_fairness(run, window_s, names, tick_tol_s, intervals=iv),
         validity=validity(run),
         slos=slos,
     )
@@ -214,12 +217,16 @@ def fairness_table(analyses: Sequence[RunAnalysis]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def validity_table(analyses: Sequence[RunAnalysis]) -> pd.DataFrame:
+def validity_table(runs: Sequence) -> pd.DataFrame:
+    """:func:`validity` of each run, one row per run: ``scenario``, ``seed``, then the fields of
+    :func:`validity` with ``errors`` as text (``"timeout 2, http_429 1"``, ``"-"`` for none).
+    ``runs``: :class:`RunAnalysis` objects (their ``validity``) or runs (anything ``as_run`` takes)."""
     rows = []
-    for a in analyses:
-        v = dict(a.validity)
+    for x in runs:
+        run = x.run if isinstance(x, RunAnalysis) else as_run(x)
+        v = dict(x.validity) if isinstance(x, RunAnalysis) else validity(run)
         v["errors"] = ", ".join(f"{k} {n}" for k, n in v["errors"].items()) or "-"
-        rows.append({"scenario": a.name, "seed": a.seed, **v})
+        rows.append({"scenario": run.name, "seed": run.seed, **v})
     return pd.DataFrame(rows)
 
 

@@ -33,7 +33,7 @@ from fairlib.analysis.common import DECODE_WEIGHT, PREFILL_WEIGHT, as_run, numer
 from fairlib.analysis.indices import demand_normalised_jain, jain_index, max_min_ratio
 from fairlib.records import Run
 
-__all__ = ["chunks", "load_window", "token_service", "stream_intervals", "fit_iteration_cost",
+__all__ = ["chunks", "load_window", "token_service", "build_intervals", "stream_intervals", "fit_iteration_cost",
            "residency", "windowed_fairness", "fairness"]
 
 
@@ -102,7 +102,7 @@ def token_service(run, window="load", tenant_names=None, wp: float = PREFILL_WEI
 # --- service: residency --------------------------------------------------------------------------
 def stream_intervals(records: pd.DataFrame, tenant_names=None, tick_tol_s: Optional[float] = None):
     """The slot-holding intervals of every stream: ``(start_s, end_s, tenant_index)`` arrays.
-    (:func:`_intervals` also gives each interval's tick, whether it is a first token, and the
+    (:func:`build_intervals` also gives each interval's tick, whether it is a first token, and the
     request's prompt length.)
 
     For each request with token chunks at ``t_1 < ... < t_n``: ``(t_{k-1}, t_k]`` for ``k >= 2``
@@ -110,21 +110,25 @@ def stream_intervals(records: pd.DataFrame, tenant_names=None, tick_tol_s: Optio
     chunk times of all streams, clustered within ``tick_tol_s`` (default ``min(5 ms, 0.2 x``
     the median gap between a stream's consecutive chunks)): the previous tick is when the
     iteration before the first-token one ended."""
-    iv = _intervals(records, tenant_names, tick_tol_s)
+    iv = build_intervals(records, tenant_names, tick_tol_s)
     return iv["start"], iv["end"], iv["tenant"]
 
 
-def _intervals(records: pd.DataFrame, tenant_names=None, tick_tol_s: Optional[float] = None) -> dict:
-    """Arrays per interval: start, end, tenant, tick (of its end), first (a first-token
-    interval), prompt (its request's prompt tokens); and ``n_ticks``."""
+def build_intervals(records: pd.DataFrame, tenant_names=None, tick_tol_s: Optional[float] = None) -> dict:
+    """The intervals of :func:`stream_intervals` with all :func:`residency`, :func:`fairness` and
+    :func:`windowed_fairness` need of them: build them once per run and pass them as
+    ``intervals=``. Arrays per interval: start, end, tenant, tick (of its end), first (a
+    first-token interval), prompt (its request's prompt tokens); and ``n_ticks``, ``names`` (the
+    tenants) and ``tick_tol_s`` (as given) they were built for."""
     names = tenant_names_of(records, tenant_names)
+    given_tol = tick_tol_s
     t = tenant_index(records, names)
     times, _, rows = chunks(records)
     if times.size == 0:
         z = np.zeros(0)
         zi = np.zeros(0, np.int64)
         return {"start": z, "end": z, "tenant": zi, "tick": zi, "first": np.zeros(0, bool), "prompt": z,
-                "n_ticks": 0}
+                "n_ticks": 0, "names": names, "tick_tol_s": given_tol}
     order = np.lexsort((times, rows))
     times, rows = times[order], rows[order]
     same = rows[1:] == rows[:-1]
@@ -152,7 +156,17 @@ def _intervals(records: pd.DataFrame, tenant_names=None, tick_tol_s: Optional[fl
     first = np.concatenate([np.zeros(int(same.sum()), bool), np.ones(r1.size, bool)])
     prompt = numeric(records, "prompt_tokens")[row]
     return {"start": starts, "end": ends, "tenant": t[row], "tick": tick, "first": first,
-            "prompt": np.nan_to_num(prompt), "n_ticks": int(tick_start.size)}
+            "prompt": np.nan_to_num(prompt), "n_ticks": int(tick_start.size), "names": names, "tick_tol_s": given_tol}
+
+
+def _intervals_for(records: pd.DataFrame, names: list, tick_tol_s, intervals: Optional[dict]) -> dict:
+    """``intervals`` when given (checked: built for ``names`` and ``tick_tol_s``), else built."""
+    if intervals is None:
+        return build_intervals(records, names, tick_tol_s)
+    if intervals["names"] != names or intervals["tick_tol_s"] != tick_tol_s:
+        raise ValueError(f"intervals: built for tenants {intervals['names']} and tick_tol_s "
+                         f"{intervals['tick_tol_s']!r}, not for {names} and {tick_tol_s!r}")
+    return intervals
 
 
 def fit_iteration_cost(records: pd.DataFrame, tick_tol_s: Optional[float] = None) -> dict:
@@ -162,8 +176,7 @@ def fit_iteration_cost(records: pd.DataFrame, tick_tol_s: Optional[float] = None
     and ``P`` = the prompt tokens of the streams that got their first token in it. Least squares;
     returns ``iter_base_ms, iter_slope_ms, prefill_ms_per_token, r2, n_ticks``. On the engine
     model itself the fit is exact; on a real engine only as good as the linear model."""
-    iv = _intervals(records, None, tick_tol_s)
-    return _fit_ticks(iv)
+    return _fit_ticks(build_intervals(records, None, tick_tol_s))
 
 
 def _tick_table(iv: dict):
@@ -219,7 +232,7 @@ def _sweep(starts, ends, ten, n_t, edges=()):
 
 
 def residency(run, window="load", tenant_names=None, tick_tol_s: Optional[float] = None,
-              prefill: str = "split") -> pd.DataFrame:
+              prefill: str = "split", *, intervals: Optional[dict] = None) -> pd.DataFrame:
     """Each tenant's machine time (s) and share, rebuilt from the stream timings, inside
     ``window`` (as in :func:`token_service`). Also ``busy_s`` (the time any stream was active).
 
@@ -228,17 +241,18 @@ def residency(run, window="load", tenant_names=None, tick_tol_s: Optional[float]
     tick (iteration) the prefill part ``prefill * P`` of its duration, with the cost fitted by
     :func:`fit_iteration_cost`, moves to the streams whose first token it produced (in proportion
     to their prompts): on the engine model this is exactly the simulator's residency charge,
-    prefill included. Fitted results carry the fit in ``attrs["fit"]``."""
+    prefill included. Fitted results carry the fit in ``attrs["fit"]``. ``intervals``: the run's
+    :func:`build_intervals` (built here when not given)."""
     run = as_run(run)
     rec = run.records
     names = tenant_names_of(rec, tenant_names or run.tenant_names)
     lo, hi = load_window(run, window)
-    if prefill == "fitted":
-        return _residency_fitted(rec, names, lo, hi, tick_tol_s)
-    if prefill != "split":
+    if prefill not in ("split", "fitted"):
         raise ValueError(f"residency: prefill must be 'split' or 'fitted', got {prefill!r}")
-    s, e, ten = stream_intervals(rec, names, tick_tol_s)
-    machine, busy = _machine_in_window(s, e, ten, len(names), lo, hi)
+    iv = _intervals_for(rec, names, tick_tol_s, intervals)
+    if prefill == "fitted":
+        return _residency_fitted(iv, len(names), lo, hi)
+    machine, busy = _machine_in_window(iv["start"], iv["end"], iv["tenant"], len(names), lo, hi)
     tot = machine.sum()
     return pd.DataFrame({"machine_s": machine, "share": machine / tot if tot > 0 else np.nan,
                          "busy_s": busy}, index=pd.Index(names, name="tenant"))
@@ -255,15 +269,13 @@ def _machine_in_window(s, e, ten, n_t, lo, hi):
     return m[:, keep].sum(axis=1), float(np.diff(b)[keep][m[:, keep].sum(axis=0) > 0].sum())
 
 
-def _residency_fitted(rec, names, lo, hi, tick_tol_s) -> pd.DataFrame:
+def _residency_fitted(iv: dict, n_t: int, lo, hi) -> pd.DataFrame:
     """The equal split (sweep line), corrected per tick for prefill: a tick (iteration) whose
     streams include first tokens with prompt tokens ``P`` (``p_r`` each) spent ``c * P`` of its
     time on prefill (``c`` fitted); that goes to those streams instead of being split equally, so
     stream ``r`` gains ``c * (p_r - P / B)``. On the engine model this gives ``(dt - c P) / B +
     c p_r``: exactly the simulator's residency charge."""
-    iv = _intervals(rec, names, tick_tol_s)
     fit = _fit_ticks(iv)
-    n_t = len(names)
     s, e, ten = iv["start"], iv["end"], iv["tenant"]
     machine, busy = _machine_in_window(s, e, ten, n_t, lo, hi)
     c = fit["prefill_ms_per_token"]
@@ -278,7 +290,7 @@ def _residency_fitted(rec, names, lo, hi, tick_tol_s) -> pd.DataFrame:
         machine = np.maximum(machine, 0.0)
     tot = machine.sum()
     out = pd.DataFrame({"machine_s": machine, "share": machine / tot if tot > 0 else np.nan, "busy_s": busy},
-                       index=pd.Index(names, name="tenant"))
+                       index=pd.Index(iv["names"], name="tenant"))
     out.attrs["fit"] = fit
     return out
 
@@ -293,11 +305,13 @@ def _outstanding(records: pd.DataFrame):
 
 
 def windowed_fairness(run, window_s: float = 10.0, tenant_names=None, tick_tol_s: Optional[float] = None,
-                      wp: float = PREFILL_WEIGHT, wq: float = DECODE_WEIGHT, end_s: Optional[float] = None) -> pd.DataFrame:
+                      wp: float = PREFILL_WEIGHT, wq: float = DECODE_WEIGHT, end_s: Optional[float] = None, *,
+                      intervals: Optional[dict] = None) -> pd.DataFrame:
     """Per window of ``window_s`` seconds from 0 to the load window's end (``end_s``; default the
     run's ``duration_s``, else the last token): raw token-weighted service and residency per
     tenant, and their Jain indices over the tenants that had a request outstanding in the window
-    (``jain_tokens``, ``jain_residency``; ``active`` = how many)."""
+    (``jain_tokens``, ``jain_residency``; ``active`` = how many). ``intervals``: the run's
+    :func:`build_intervals` (built here when not given)."""
     run = as_run(run)
     rec = run.records
     if not (isinstance(window_s, (int, float)) and window_s > 0):
@@ -322,8 +336,8 @@ def windowed_fairness(run, window_s: float = 10.0, tenant_names=None, tick_tol_s
     okf = ~np.isnan(fw) & (fw >= 0) & (fw < nw)
     np.add.at(tok, (t[okf], fw[okf].astype(np.int64)), wp * prompt[okf])
     # residency
-    s, e, ten = stream_intervals(rec, names, tick_tol_s)
-    b, m = _sweep(s, e, ten, len(names), edges)
+    iv = _intervals_for(rec, names, tick_tol_s, intervals)
+    b, m = _sweep(iv["start"], iv["end"], iv["tenant"], len(names), edges)
     res = np.zeros((len(names), nw))
     if m.shape[1]:
         mid = 0.5 * (b[:-1] + b[1:])
@@ -354,12 +368,14 @@ def windowed_fairness(run, window_s: float = 10.0, tenant_names=None, tick_tol_s
     return pd.DataFrame(rows_out)
 
 
-def fairness(run, window="load", tenant_names=None, tick_tol_s: Optional[float] = None) -> dict:
+def fairness(run, window="load", tenant_names=None, tick_tol_s: Optional[float] = None, *,
+             intervals: Optional[dict] = None) -> dict:
     """The run's fairness numbers: ``jain_tokens``, ``jain_tokens_demand`` (demand-normalised),
-    ``max_min_tokens`` (raw), ``jain_residency``, ``jain_residency_demand``, ``max_min_residency``."""
+    ``max_min_tokens`` (raw), ``jain_residency``, ``jain_residency_demand``, ``max_min_residency``.
+    ``intervals``: the run's :func:`build_intervals` (built here when not given)."""
     run = as_run(run)
     ts = token_service(run, window, tenant_names)
-    rs = residency(run, window, tenant_names, tick_tol_s)
+    rs = residency(run, window, tenant_names, tick_tol_s, intervals=intervals)
     svc, dem = ts["service"].to_numpy(), ts["demand"].to_numpy()
     mach = rs["machine_s"].to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -71,7 +71,7 @@ __all__ = ["KINDS", "SCENARIOS", "GOALS", "CHECKS", "runs_root", "endpoint_confi
            "CLOSE", "fit_file", "fitted_engine", "scenario_spec", "load_specs", "run_live", "save_runs", "load_saved", "sim_spec",
            "simulate_pairs", "compare", "compare_all", "error_summary", "goal_table", "check", "published_table",
            "seed000_spec", "seed000_live", "seed000_compare", "SEED000_SHARE_PTS", "SAVED_FILES", "record", "fit_points",
-           "scenario_table", "validity_table", "RECORD_SCENARIOS", "RECORD_SEEDS", "simulate_live",
+           "scenario_table", "live_validity_table", "LIVE_VALIDITY_COLUMNS", "RECORD_SCENARIOS", "RECORD_SEEDS", "simulate_live",
            "METRICS", "LATENCY_METRICS", "METRIC_LABELS", "both_ways", "sensitivity", "SENSITIVITY_PARAMS",
            "SENSITIVITY_FACTORS", "PARAM_LABELS", "idle_ttft", "ENGINE_COLOURS", "fit_chart", "crosscheck_table",
            "valid_rows", "long_errors", "scenario_errors", "scenario_error_chart", "scatter_chart",
@@ -533,27 +533,36 @@ def scenario_table(runs: Sequence[Run]) -> pd.DataFrame:
         sim = r.extra.get("sim_engine") or {}
         rows.append({"engine": r.extra.get("engine_kind"), "scenario": r.name, "seed": r.seed,
                      "decode context (tokens)": r.extra.get("decode_context"),
-                     "iter_slope (ms)": sim.get("iter_slope_ms"), "rho": r.scenario.get("rho"),
+                     "iter_slope (ms)": sim.get("iter_slope_ms"),
+                     # what this run's tenants offered: a baseline offers its victim's part of the
+                     # scenario's rho (runs recorded before offered_load existed stored that as rho)
+                     "rho": r.scenario.get("offered_load", r.scenario.get("rho")),
                      "load window (s)": r.duration_s, "requests": len(r.records),
                      "server policy": r.extra.get("policy")})
     return pd.DataFrame(rows).set_index(["engine", "scenario", "seed"])
 
 
-def validity_table(runs: Sequence[Run]) -> pd.DataFrame:
-    """Per live run: valid (p99 schedule lag within the threshold), lag p50/p99/max (ms),
-    requested and achieved send rate, requests completed, the errors seen, the machine load
-    as the run started and the client's pauses seen in its streams (:func:`stalls`)."""
-    rows = []
-    for r in runs:
-        v, st = an.validity(r), stalls(r)
-        rows.append({"engine": r.extra.get("engine_kind"), "scenario": r.name, "seed": r.seed, "valid": v["valid"],
-                     "lag p50 (ms)": v["lag_p50_ms"], "lag p99 (ms)": v["lag_p99_ms"], "lag max (ms)": v["lag_max_ms"],
-                     "requested (req/s)": v["requested_rps"], "achieved (req/s)": v["achieved_rps"],
-                     "completed": v["n_ok"], "planned": v["n_planned"],
-                     "errors": ", ".join(f"{k} {n}" for k, n in v["errors"].items()) or "-",
-                     "machine load (1 min)": r.extra.get("loadavg_1m", math.nan),
-                     "client pauses": st["n"], "client paused (ms)": st["total_ms"]})
-    return pd.DataFrame(rows).set_index(["engine", "scenario", "seed"])
+#: The columns of ``fairlib.analysis.validity_table`` that :func:`live_validity_table` shows, and their names there.
+LIVE_VALIDITY_COLUMNS = {"valid": "valid", "lag_p50_ms": "lag p50 (ms)", "lag_p99_ms": "lag p99 (ms)",
+                         "lag_max_ms": "lag max (ms)", "requested_rps": "requested (req/s)",
+                         "achieved_rps": "achieved (req/s)", "n_ok": "completed", "n_planned": "planned",
+                         "errors": "errors"}
+
+
+def live_validity_table(runs: Sequence[Run]) -> pd.DataFrame:
+    """``fairlib.analysis.validity_table`` of live runs (valid: p99 schedule lag within the
+    threshold; lag p50/p99/max (ms), requested and achieved send rate, requests completed and
+    planned, the errors seen) under the names of :data:`LIVE_VALIDITY_COLUMNS`, with what only a
+    live run records: the machine load as it started and the client's pauses seen in its streams
+    (:func:`stalls`). Indexed by (engine, scenario, seed)."""
+    runs = list(runs)
+    v = an.validity_table(runs)[["scenario", "seed", *LIVE_VALIDITY_COLUMNS]].rename(columns=LIVE_VALIDITY_COLUMNS)
+    v.insert(0, "engine", [r.extra.get("engine_kind") for r in runs])
+    st = [stalls(r) for r in runs]
+    v["machine load (1 min)"] = [r.extra.get("loadavg_1m", math.nan) for r in runs]
+    v["client pauses"] = [x["n"] for x in st]
+    v["client paused (ms)"] = [x["total_ms"] for x in st]
+    return v.set_index(["engine", "scenario", "seed"])
 
 
 def stalls(run: Run, gap_ms: float = 100.0, repeat: int = 3, burst_ms: float = 5.0) -> dict:

@@ -1,23 +1,69 @@
 """The seed-000 scenario of chapters 1-4, reconstructed from the figures the source blog post
-publishes (each reconstructed parameter is derived in book/methods.ipynb)."""
+publishes (each reconstructed parameter is derived in book/methods.ipynb).
+
+One source: the tenants are those of the scenario file ``fairlib/scenarios/seed000.toml``
+(:func:`read_seed000`); :func:`seed000` builds the book's variants (flood, spread, output
+distribution) from them."""
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from pathlib import Path
+from typing import NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
+from fairlib.scenarios import SCENARIO_DIR, load
 from fairlib.sim.engine import SEED000_ENGINE, Engine
-from fairlib.workload import Constant, Geometric, LogNormal, Scenario, Tenant
+from fairlib.workload import Constant, Geometric, LogNormal, Poisson, Scenario, Tenant
 
-__all__ = ["seed000", "SEED000_TENANTS", "SEED000_OUTPUT_MEANS", "SEED000_PROMPT_TOKENS",
-           "SEED000_MACHINE_MS_PER_S", "SEED000_OUTPUT_DISTS", "spread_means"]
+__all__ = ["seed000", "read_seed000", "Seed000", "SEED000", "SEED000_TENANTS", "SEED000_OUTPUT_MEANS",
+           "SEED000_PROMPT_TOKENS", "SEED000_MACHINE_MS_PER_S", "SEED000_DURATION_S", "SEED000_OUTPUT_DISTS",
+           "spread_means", "SEED000_ENGINE"]
 
-SEED000_TENANTS = ("classify", "chat", "summarise", "agent")
+
+class Seed000(NamedTuple):
+    """What the seed-000 file states: tenant names, their common prompt length, their geometric
+    output means, the machine ms per second each offers, the engine and the run length."""
+
+    tenants: Tuple[str, ...]
+    prompt_tokens: int
+    output_means: Tuple[float, ...]
+    machine_ms_per_s: float
+    engine: Engine
+    duration_s: float
+
+
+def read_seed000(path: Union[str, Path] = SCENARIO_DIR / "seed000.toml") -> Seed000:
+    """The seed-000 tenants from the scenario file: each offers ``1000 * rho * share`` machine ms
+    per second (3.0 x 0.25 -> 750). The file must keep the seed's shape: one constant prompt
+    length, geometric outputs, Poisson arrivals, equal shares."""
+    spec = load(path)
+    ts = spec.scenario.tenants
+
+    def bad(what):
+        raise ValueError(f"seed000 file {spec.path}: {what} (the seed-000 preset builds from it)")
+
+    for t in ts:
+        if not isinstance(t.output, Geometric):
+            bad(f"tenant {t.name!r} must have a geometric output, got {t.output!r}")
+        if not isinstance(t.prompt, Constant) or t.prompt != ts[0].prompt:
+            bad(f"tenant {t.name!r} must have the same constant prompt as {ts[0].name!r}, got {t.prompt!r}")
+        if not isinstance(t.arrival, Poisson):
+            bad(f"tenant {t.name!r} must have Poisson arrivals, got {t.arrival!r}")
+    ms = {1000.0 * spec.rho * spec.shares[t.name] for t in ts}
+    if len(ms) != 1:
+        bad(f"the tenants must have equal shares, got {dict(spec.shares)}")
+    return Seed000(spec.tenant_names, ts[0].prompt.value, tuple(t.output.mean for t in ts), ms.pop(),
+                   spec.engine, spec.duration_s)
+
+
+SEED000 = read_seed000()
+SEED000_TENANTS = SEED000.tenants                      # classify, chat, summarise, agent
 #: Mean realised output lengths: 23.7 and 353.8 are published; 48 and 177 are reconstructed.
-SEED000_OUTPUT_MEANS = (23.7, 48.0, 177.0, 353.8)
-SEED000_PROMPT_TOKENS = 387
-SEED000_MACHINE_MS_PER_S = 750.0
+SEED000_OUTPUT_MEANS = SEED000.output_means            # 23.7, 48.0, 177.0, 353.8
+SEED000_PROMPT_TOKENS = SEED000.prompt_tokens          # 387
+SEED000_MACHINE_MS_PER_S = SEED000.machine_ms_per_s    # 750.0
+SEED000_DURATION_S = SEED000.duration_s                # 120.0
 SEED000_OUTPUT_DISTS = ("geometric", "lognormal", "constant")
 
 
@@ -41,13 +87,14 @@ def spread_means(means, spread: float) -> np.ndarray:
     return np.array([float(f"{math.exp(g + (lx - g) * k):.12g}") for lx in logm])
 
 
-def seed000(seed: int = 0, duration_s: float = 120.0, output_dist: str = "geometric",
+def seed000(seed: int = 0, duration_s: float = SEED000_DURATION_S, output_dist: str = "geometric",
             flood: float = 1.0, flood_tenant: Union[int, str, None] = None,
             spread: Optional[float] = None, engine: Optional[Engine] = None, *,
             lognormal_sigma: float = 1.0, est_output: Optional[str] = None,
             prompt_tokens: int = SEED000_PROMPT_TOKENS) -> Scenario:
     """The seed-000 scenario (book chapters 1-4): four tenants on one replica.
 
+    The tenants and the engine are those of ``fairlib/scenarios/seed000.toml`` (:func:`read_seed000`).
     Engine: ``Engine(9.0, 0.55, 0.06, 24)`` (``SEED000_ENGINE``), i.e. ``dt = 9 + 0.55 B + 0.06 P``
     ms with ``max_batch`` 24. The three exchange rates the blog post publishes,
     ``(iter_base + iter_slope B) / (B prefill)`` = 27.92, 15.42, 12.29 at B = 8, 24, 48, fix only
@@ -98,7 +145,7 @@ def seed000(seed: int = 0, duration_s: float = 120.0, output_dist: str = "geomet
     means = np.array(SEED000_OUTPUT_MEANS) if spread is None else spread_means(SEED000_OUTPUT_MEANS, spread)
     if np.any(means < 1):
         raise ValueError(f"seed000: spread={spread!r} puts a mean output below 1 token ({means.min():.3g})")
-    engine = SEED000_ENGINE if engine is None else engine
+    engine = SEED000.engine if engine is None else engine
 
     def dist(mean):
         if output_dist == "geometric":

@@ -175,8 +175,9 @@ def exact_vs_reconstructed(results: dict) -> Optional[pd.DataFrame]:
         for a in analyses:
             if a.run.sim is None:
                 continue
-            rec = an.residency(a.run, window="all")
-            fit = an.residency(a.run, window="all", prefill="fitted")
+            iv = an.build_intervals(a.run.records, a.run.tenant_names)          # built once for both
+            rec = an.residency(a.run, window="all", intervals=iv)
+            fit = an.residency(a.run, window="all", prefill="fitted", intervals=iv)
             ten = a.run.sim.tenants.set_index("name")
             dec = ten["decode_ms"] / ten["decode_ms"].sum()
             for t in rec.index:

@@ -11,11 +11,11 @@ lag and validity), ``rundir`` (the run directory writer and loader), ``run`` (``
 """
 from fairlib.records.from_sim import from_simulation, sim_config, simulate_records, simulate_run, trace_simulation
 from fairlib.records.rundir import load_records, load_server_metrics, load_summary
-from fairlib.records.run import (RECORD_COLUMNS, SIM_COLUMNS, Run, add_sim_columns, jsonable, load_run,
-                                 records_summary, write_run_dir)
+from fairlib.records.run import (RECORD_COLUMNS, Run, backend_of, jsonable, load_run, records_summary,
+                                 write_run_dir)
 from fairlib.records.schema import ERROR_CLASSES, RECORD_FIELDS
 from fairlib.records.summary import summarize
 
-__all__ = ["RECORD_COLUMNS", "SIM_COLUMNS", "RECORD_FIELDS", "ERROR_CLASSES", "Run", "load_run", "write_run_dir",
-           "records_summary", "add_sim_columns", "jsonable", "load_records", "load_summary", "load_server_metrics", "summarize",
+__all__ = ["RECORD_COLUMNS", "RECORD_FIELDS", "ERROR_CLASSES", "Run", "load_run", "write_run_dir",
+           "records_summary", "backend_of", "jsonable", "load_records", "load_summary", "load_server_metrics", "summarize",
            "trace_simulation", "from_simulation", "simulate_records", "simulate_run", "sim_config"]

@@ -30,28 +30,20 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from fairlib.records.run import Run, add_sim_columns, records_summary
+from fairlib.records.run import Run, records_summary
 from fairlib.records.schema import RECORD_FIELDS
 from fairlib.scenarios import ScenarioSpec
 from fairlib.sim import loop
 from fairlib.sim.engine import Engine
 from fairlib.sim.online import OnlineEngine
 from fairlib.sim.policies import Policy, make_policy
-from fairlib.sim.simulate import SimResult, collect, validate_requests
+from fairlib.sim.simulate import SimResult, collect, prepare
 
 __all__ = ["trace_simulation", "from_simulation", "simulate_records", "simulate_run", "sim_config"]
 
 
 
 # --- the simulator, one iteration at a time ---------------------------------------------------
-def _fresh_policy(policy, params) -> Policy:
-    if isinstance(policy, Policy):
-        if params:
-            raise ValueError("policy: pass parameters either to the policy object or as keywords, not both")
-        return type(policy)(**policy.values)
-    return make_policy(policy, **params)
-
-
 def trace_simulation(requests, engine: Optional[Engine] = None, policy="fcfs", horizon_ms: Optional[float] = None,
                      n_tenants: Optional[int] = None, tenant_names=None, **params):
     """Run ``requests`` exactly as ``fairlib.simulate`` does, one iteration at a time, and record
@@ -60,33 +52,20 @@ def trace_simulation(requests, engine: Optional[Engine] = None, policy="fcfs", h
     Returns ``(result, token_times)``: ``result`` is the ``SimResult`` (the same tables
     ``simulate`` returns, from the same compiled step); ``token_times[r]`` is the float64 array of
     the end times (ms) of the iterations in which request ``r`` emitted a token."""
-    engine = Engine() if engine is None else engine
-    if not isinstance(engine, Engine):
-        raise ValueError(f"engine must be a fairlib.Engine, got {type(engine).__name__}")
-    pol = _fresh_policy(policy, params)
-    if horizon_ms is None:
-        horizon_ms = math.inf
-    if isinstance(horizon_ms, bool) or not isinstance(horizon_ms, (int, float, np.integer, np.floating)) \
-            or math.isnan(horizon_ms) or horizon_ms <= 0:
-        raise ValueError(f"horizon_ms must be a number > 0 (or None for no horizon), got {horizon_ms!r}")
-    if tenant_names is not None and n_tenants is None:
-        n_tenants = len(tenant_names)
-    df, n_tenants = validate_requests(requests, n_tenants)
-    for col in pol.needs:
-        if col not in df.columns and not (col == "priority" and "klass" in df.columns):
-            raise ValueError(f"policy {pol.name!r} needs the requests column {col!r}")
-    n = len(df)
-    klass = df["klass"].to_numpy(np.int64) if "klass" in df else np.zeros(n, np.int64)
-    prio = df["priority"].to_numpy(np.int64) if "priority" in df else klass
-    est = df["est_output_tokens"].to_numpy(np.int64) if "est_output_tokens" in df else df["output_tokens"].to_numpy(np.int64)
+    engine, pol, horizon_ms, cols, n_tenants = prepare(requests, engine, policy, horizon_ms, n_tenants, tenant_names,
+                                                       params)
+    n = len(cols["arrival_ms"])
+    klass = cols["klass"].astype(np.int64) if "klass" in cols else np.zeros(n, np.int64)
+    prio = cols["priority"].astype(np.int64) if "priority" in cols else klass
+    est = cols["est_output_tokens"].astype(np.int64) if "est_output_tokens" in cols else np.zeros(n, np.int64)
     lo = min(-32, int(prio.min()) if n else 0)
     hi = max(32, int(prio.max()) if n else 0)
     eng = OnlineEngine(engine, pol, n_tenants=n_tenants, n_classes=max(4, int(klass.max()) + 1 if n else 1),
                        priority_levels=range(lo, hi + 1), capacity=max(n, 1))
-    arr = df["arrival_ms"].to_numpy(float)
-    ten = df["tenant"].to_numpy(np.int64)
-    pr = df["prompt_tokens"].to_numpy(np.int64)
-    out = df["output_tokens"].to_numpy(np.int64)
+    arr = cols["arrival_ms"].astype(float)
+    ten = cols["tenant"].astype(np.int64)
+    pr = cols["prompt_tokens"].astype(np.int64)
+    out = cols["output_tokens"].astype(np.int64)
     for r in range(n):
         eng.submit(int(ten[r]), int(pr[r]), int(out[r]), float(arr[r]), est_output_tokens=int(est[r]),
                    klass=int(klass[r]), priority=int(prio[r]))
@@ -98,7 +77,7 @@ def trace_simulation(requests, engine: Optional[Engine] = None, policy="fcfs", h
         if it.code == loop.RAN:
             ends.append(np.full(len(it.ran), it.end_ms))
             ids.append(it.ran)
-    result = collect(df, eng.S, n, engine, pol, eng.pf, float(horizon_ms), tenant_names)
+    result = collect(cols, eng.S, n, engine, pol, eng.pf, horizon_ms, tenant_names)
     if ids:
         ids_a, ends_a = np.concatenate(ids), np.concatenate(ends)
         order = np.lexsort((ends_a, ids_a))
@@ -176,7 +155,6 @@ def from_simulation(result: SimResult, scenario=None, seed: Optional[int] = None
     rejected = req["rejected"].to_numpy(bool)
     engine_rej = rejected & _engine_rejects(result.engine, prompt, output)
     admitted = req["admitted_ms"].to_numpy(float)
-    first = req["first_token_ms"].to_numpy(float)
     fin = req["finish_ms"].to_numpy(float)
     gen = req["generated"].to_numpy(np.int64)
     charged = req["charged_ms"].to_numpy(float)
@@ -221,11 +199,12 @@ def from_simulation(result: SimResult, scenario=None, seed: Optional[int] = None
                     rec["tpot_s"] = (rec["e2e_s"] - rec["ttft_s"]) / (int(gen[r]) - 1)
         rows.append(rec)
     df = pd.DataFrame.from_records(rows, columns=list(RECORD_FIELDS)) if rows else pd.DataFrame(columns=list(RECORD_FIELDS))
-    return add_sim_columns(df)
+    return df
 
 
 def _resolve(scenario, policy, params):
-    """(Scenario, ScenarioSpec or None, policy, params)."""
+    """(Scenario, ScenarioSpec or None, policy, params); params get the tenants' weights where the
+    policy takes weights and params give none (``Scenario.policy_params``)."""
     spec = scenario if isinstance(scenario, ScenarioSpec) else None
     sc = spec.scenario if spec is not None else scenario
     if policy is None:
@@ -233,7 +212,7 @@ def _resolve(scenario, policy, params):
             policy, params = spec.policy, {**spec.policy_params, **params}
         else:
             policy = "fcfs"
-    return sc, spec, policy, params
+    return sc, spec, policy, sc.policy_params(policy, params)
 
 
 def simulate_records(scenario, seed: int, policy=None, horizon_ms: Optional[float] = None, api: str = "completions",

@@ -1,10 +1,9 @@
 """A run of either backend in memory (``Run``) and on disk (the run directory).
 
 A measured run (``fairlib.client.run``) writes a run directory whose ``records.jsonl`` holds one
-record per request (``fairlib.records.schema.RECORD_FIELDS``); ``load_records`` reads it back and
-adds the simulator-style columns ``arrival_ms, first_token_ms, finish_ms, output_tokens,
-generated``. The simulator's records (``fairlib.records.from_sim``) have the SAME columns, so the
-analysis has one code path for both backends:
+record per request (``fairlib.records.schema.RECORD_FIELDS``); ``load_records`` reads it back.
+The simulator's records (``fairlib.records.from_sim``) have the SAME columns, so the analysis has
+one code path for both backends:
 
     write_run_dir(run.records, "runs/x", run.config, run.summary)   # the client's files
     run = load_run("runs/x")                              # either backend's run directory
@@ -31,11 +30,26 @@ from fairlib.records.schema import RECORD_FIELDS
 from fairlib.records.summary import summarize
 from fairlib.sim.simulate import SimResult
 
-__all__ = ["RECORD_COLUMNS", "SIM_COLUMNS", "Run", "write_run_dir", "load_run", "records_summary"]
+__all__ = ["RECORD_COLUMNS", "Run", "backend_of", "write_run_dir", "load_run", "records_summary"]
 
-#: The columns ``fairlib.client.load_records`` gives (and ``from_simulation`` too), in order.
-SIM_COLUMNS = ("arrival_ms", "first_token_ms", "finish_ms", "output_tokens", "generated")
-RECORD_COLUMNS = tuple(RECORD_FIELDS) + SIM_COLUMNS
+#: The columns of a run's records, either backend (``load_records``, ``from_simulation``): the record fields.
+RECORD_COLUMNS = tuple(RECORD_FIELDS)
+
+
+def backend_of(config: Optional[dict], summary: Optional[dict] = None, has_sim: bool = False) -> str:
+    """The backend a run records, first found of: ``config["extra"]["backend"]``,
+    ``config["backend"]``, ``summary["backend"]``, ``"sim"`` for a run holding the simulator's
+    result (``has_sim``), ``"http"`` for a config naming the client's ``endpoint``; else
+    ``"unknown"`` (never a guess)."""
+    config = config or {}
+    for b in ((config.get("extra") or {}).get("backend"), config.get("backend"), (summary or {}).get("backend")):
+        if b and b != "unknown":
+            return str(b)
+    if has_sim:
+        return "sim"
+    if config.get("endpoint"):
+        return "http"
+    return "unknown"
 
 
 @dataclass
@@ -43,7 +57,8 @@ class Run:
     """One run of either backend: its records, resolved configuration and summary.
 
     ``config["extra"]["scenario"]`` holds the scenario (``ScenarioSpec.to_dict()``: SLOs, tenant
-    names, duration, victim); ``config["extra"]["backend"]`` is ``"sim"`` or ``"http"``."""
+    names, duration, victim); ``config["extra"]["backend"]`` is ``"sim"`` or ``"http"``
+    (:attr:`backend` reads it, or whatever else the run records: :func:`backend_of`)."""
 
     records: pd.DataFrame
     config: dict = field(default_factory=dict)
@@ -69,7 +84,9 @@ class Run:
 
     @property
     def backend(self) -> str:
-        return self.extra.get("backend") or self.config.get("backend") or "http"
+        """``"sim"``, ``"http"`` (or another name the config gives), ``"unknown"`` when the run
+        records none: :func:`backend_of`."""
+        return backend_of(self.config, self.summary, self.sim is not None)
 
     @property
     def tenant_names(self) -> list:
@@ -98,18 +115,10 @@ class Run:
         return float(s.max()) if len(s) and s.max() > 0 else float("nan")
 
 
-def add_sim_columns(df: pd.DataFrame) -> pd.DataFrame:
-    """What ``fairlib.client.load_records`` adds (the same code, kept in step by a test)."""
-    for src, dst in (("actual_send_s", "arrival_ms"), ("first_token_s", "first_token_ms"), ("last_token_s", "finish_ms")):
-        df[dst] = pd.to_numeric(df[src], errors="coerce") * 1e3
-    df["output_tokens"] = df["max_tokens"]
-    df["generated"] = df["completion_tokens"]
-    return df
-
-
 def records_summary(records: pd.DataFrame, config: Optional[dict] = None) -> dict:
     """``summary.json`` for records (the client's own ``summarize``): outcome counts, schedule
-    lag, validity, requested vs achieved rate."""
+    lag, validity, requested vs achieved rate, and the backend the config records
+    (:func:`backend_of`: ``"unknown"`` when it records none)."""
     config = config or {}
     sched = config.get("schedule") or {}
     rows = list(zip(records["intended_send_s"], [None if (x is None or (isinstance(x, float) and math.isnan(x))) else x
@@ -120,7 +129,7 @@ def records_summary(records: pd.DataFrame, config: Optional[dict] = None) -> dic
         requested = (len(s) - 1) / (s.max() - s.min()) if s.max() > s.min() else None
     out = summarize(rows, n_planned=len(records), requested_rate_rps=requested,
                     lag_threshold_ms=float(config.get("lag_threshold_ms", 10.0)))
-    out["backend"] = config.get("backend", "sim")
+    out["backend"] = backend_of(config)
     return out
 
 
@@ -143,7 +152,7 @@ def jsonable(v):
     return v
 
 
-def _local_env() -> dict:
+def _local_env(backend: str) -> dict:
     pk = {}
     for name in ("numpy", "pandas", "numba", "fairlib"):
         try:
@@ -152,7 +161,7 @@ def _local_env() -> dict:
             pk[name] = None
     return {"collected_wall": time.time(), "python": sys.version, "platform": platform.platform(),
             "machine": platform.machine(), "hostname": socket.gethostname(), "cpu_count": os.cpu_count(),
-            "packages": pk, "endpoint": None, "backend": "sim"}
+            "packages": pk, "endpoint": None, "backend": backend}
 
 
 def write_run_dir(records: pd.DataFrame, run_dir, config: dict, summary: Optional[dict] = None,
@@ -163,7 +172,7 @@ def write_run_dir(records: pd.DataFrame, run_dir, config: dict, summary: Optiona
     that already holds records unless ``overwrite``. ``load_records`` reads it back."""
     rd = RunDir(run_dir, overwrite=overwrite)
     rd.write_json("config.json", jsonable(config))
-    rd.write_json("env.json", jsonable(env if env is not None else _local_env()))
+    rd.write_json("env.json", jsonable(env if env is not None else _local_env(backend_of(config, summary))))
     writer = rd.records_writer()
     try:
         fields = list(RECORD_FIELDS)

@@ -79,22 +79,12 @@ def read_jsonl(path) -> list:
 
 
 def load_records(run_dir):
-    """One row per request (sorted by request_id); ``chunk_times_s``/``chunk_tokens`` stay lists.
-
-    Adds simulator-style columns in ms on the run clock: ``arrival_ms`` (actual send),
-    ``first_token_ms``, ``finish_ms`` (last token), ``output_tokens`` (= max_tokens, as asked) and
-    ``generated`` (= completion_tokens).
-    """
-
-
+    """One row per request (sorted by request_id), the columns ``RECORD_FIELDS``;
+    ``chunk_times_s``/``chunk_tokens`` stay lists."""
     recs = read_jsonl(Path(run_dir) / "records.jsonl")
     df = pd.DataFrame.from_records(recs, columns=list(RECORD_FIELDS)) if recs else pd.DataFrame(columns=list(RECORD_FIELDS))
     if len(df):
         df = df.sort_values("request_id", kind="mergesort").reset_index(drop=True)
-    for src, dst in (("actual_send_s", "arrival_ms"), ("first_token_s", "first_token_ms"), ("last_token_s", "finish_ms")):
-        df[dst] = pd.to_numeric(df[src], errors="coerce") * 1e3
-    df["output_tokens"] = df["max_tokens"]
-    df["generated"] = df["completion_tokens"]
     return df
 
 

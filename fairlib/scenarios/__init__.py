@@ -3,6 +3,7 @@
     from fairlib import scenarios
     spec = scenarios.load("noisy_neighbor")                  # a name, or a path to a .toml file
     spec = scenarios.load("overload", rho=1.2, capacity="probe.json")
+    spec = scenarios.load("victim_baseline", rate_scale=2)   # every tenant's rate x 2
     spec.scenario.requests(seed)     # the request table (fairlib.workload.Scenario)
     spec.slos["interactive"]         # SLO(ttft_ms=500.0, tpot_ms=50.0)
 
@@ -14,13 +15,21 @@ replica sustains of tenant ``i``'s mean request alone. From the engine model
 so tenant ``i`` offers ``rho * share_i`` of the machine's milliseconds and the tenants together
 offer ``rho``. A measured capacity can replace the model's (``capacity=``, below).
 
+Two numbers, two names. ``rho`` is the load *knob*: the file's key, ``load(rho=)`` and ``fairlib
+--rho``, the number every rate is computed from. ``offered_load`` is what a spec's own tenants
+offer together, ``sum_i rate_i / capacity_i = rho * sum_i share_i``. They are equal except in a
+baseline scenario (below): victim_baseline keeps noisy_neighbor's victim, so its ``rho`` is
+noisy_neighbor's 0.9 (what sets the victim's rate, and what ``rho=`` changes for both) while its
+``offered_load`` is the victim's 0.3. ``load(rate_scale=k)`` (``fairlib --rate-scale k``) multiplies
+``rho``, hence every tenant's rate, by ``k`` in every scenario, a baseline included.
+
 **File format** (keys not listed are errors, so a typo cannot pass silently)::
 
     name = "noisy_neighbor"              # required, as the file name
     description = "..."                  # required: what the scenario is
     question = "..."                     # optional: the question it answers
     duration_s = 60.0                    # run length (arrivals in [0, duration_s))
-    rho = 0.9                            # total offered load / capacity
+    rho = 0.9                            # total offered load / capacity (the knob: rate_i above)
     seeds = [0, 1, 2]                    # run seeds (three by default)
     policy = "fcfs"                      # the simulator's policy for this scenario
     policy_params = {}                   # its parameters
@@ -35,12 +44,21 @@ offer ``rho``. A measured capacity can replace the model's (``capacity=``, below
     arrival = { process = "poisson" }    # gamma (burstiness), onoff (on_s, off_s), periodic
     ttft_slo_ms = 500                    # SLOs: per tenant, both required
     tpot_slo_ms = 50
-    priority = 0                         # sent as vLLM's priority (lower = earlier); klass, weight
+    priority = 0                         # sent as vLLM's priority (lower = earlier)
+    klass = 0                            # its class (the class-based policies: weighted, aging)
+    weight = 1.0                         # its weight under the weighted policies (Scenario.policy_params)
 
 Length distributions: ``constant`` (value), ``lognormal`` (mean, sigma), ``geometric`` (mean),
 ``uniform`` (low, high), ``empirical`` (values). A file may instead derive from another scenario:
 ``baseline_of = "noisy_neighbor"`` with ``keep_tenants = ["interactive"]`` keeps those tenants
-with exactly the rates (and SLOs) they have there (the victim alone at the same rate).
+with exactly the rates (and SLOs) they have there (the victim alone at the same rate). A baseline
+states no ``rho``: its rates follow its base's ``rho`` (``load(rho=, rate_scale=)`` reach the base).
+
+**Weights.** A tenant's ``weight`` (default 1) becomes the weighted policies' weights when the
+scenario is simulated under one and its parameters give none (``Scenario.policy_params``): the
+per-tenant ``weights`` of vtc, lcf, residency and vtc_predict, and ``weighted``'s per-class ``w``
+(the common weight of each class's tenants, an integer). Explicit parameters (the file's
+``policy_params``, ``--policy-param``) win.
 
 **Capacity** (``load(..., capacity=...)``): ``None`` uses the engine model; a number is a measured
 capacity in requests/s of the scenario's reference request (``[reference] prompt_tokens,
@@ -105,12 +123,15 @@ class SLO(NamedTuple):
 class ScenarioSpec:
     """A loaded scenario: the workload (``scenario``) plus what a workload does not hold.
 
-    ``slos``: tenant name -> :class:`SLO`; ``rho``: total offered load / capacity;
-    ``capacity_rps``: tenant name -> requests/s the replica sustains of that tenant's mean
-    request (what ``rho`` is relative to); ``capacity_source``: ``"engine model"``, ``"given"``
-    or the probe file; ``seeds``; ``policy``/``policy_params``: what the simulator runs;
-    ``victim``/``baseline``: the tenant whose degradation is measured and the scenario holding
-    it alone; ``baseline_of``: for a baseline, the scenario it is the control of."""
+    ``slos``: tenant name -> :class:`SLO`; ``rho``: the load knob, total offered load / capacity
+    of the file that sets the rates (a baseline's: its base's); ``shares``: tenant name -> its
+    normalised share of ``rho``, so ``rate_i = rho * shares[i] * capacity_rps[i]``;
+    ``offered_load``: what these tenants offer together, ``rho * sum(shares)`` (equal to ``rho``
+    except in a baseline); ``capacity_rps``: tenant name -> requests/s the replica sustains of that tenant's
+    mean request (what ``rho`` is relative to); ``capacity_source``: ``"engine model"``,
+    ``"given"`` or the probe file; ``seeds``; ``policy``/``policy_params``: what the simulator
+    runs; ``victim``/``baseline``: the tenant whose degradation is measured and the scenario
+    holding it alone; ``baseline_of``: for a baseline, the scenario it is the control of."""
 
     name: str
     scenario: Scenario
@@ -127,6 +148,12 @@ class ScenarioSpec:
     baseline: Optional[str] = None
     baseline_of: Optional[str] = None
     path: Optional[str] = None
+    shares: Mapping[str, float] = field(default_factory=dict)
+    offered_load: Optional[float] = None
+
+    def __post_init__(self):
+        if self.offered_load is None:
+            object.__setattr__(self, "offered_load", self.rho)
 
     @property
     def tenant_names(self) -> Tuple[str, ...]:
@@ -158,13 +185,14 @@ class ScenarioSpec:
                 "name": t.name, "rate_rps": float(r), "prompt": repr(t.prompt), "output": repr(t.output),
                 "mean_prompt": float(t.prompt.mean), "mean_output": float(t.output.mean),
                 "arrival": repr(t.arrival_process(self.scenario.engine)), "priority": t.priority,
-                "klass": t.klass, "weight": t.weight,
+                "klass": t.klass, "weight": t.weight, "share": self.shares.get(t.name),
                 "ttft_slo_ms": self.slos[t.name].ttft_ms, "tpot_slo_ms": self.slos[t.name].tpot_ms,
                 "capacity_rps": self.capacity_rps.get(t.name),
                 "offered_load": float(r / self.capacity_rps[t.name]) if self.capacity_rps.get(t.name) else None,
             })
         return {"name": self.name, "description": self.description, "question": self.question,
-                "duration_s": self.scenario.duration_s, "rho": self.rho, "seeds": list(self.seeds),
+                "duration_s": self.scenario.duration_s, "rho": self.rho,
+                "offered_load": self.offered_load, "seeds": list(self.seeds),
                 "policy": self.policy, "policy_params": dict(self.policy_params),
                 "engine": self.scenario.engine.to_dict(), "capacity_source": self.capacity_source,
                 "victim": self.victim, "baseline": self.baseline, "baseline_of": self.baseline_of,
@@ -353,12 +381,18 @@ def available() -> Tuple[str, ...]:
 
 
 def load(name_or_path: Union[str, Path], engine: Optional[Engine] = None, rho: Optional[float] = None,
-         capacity=None, duration_s: Optional[float] = None) -> ScenarioSpec:
+         capacity=None, duration_s: Optional[float] = None, rate_scale: Optional[float] = None) -> ScenarioSpec:
     """Load a scenario file (a name from :func:`available` or a path) into a :class:`ScenarioSpec`.
 
-    ``engine`` replaces the file's engine; ``rho`` its total offered load; ``capacity`` what the
-    load is relative to (module docstring); ``duration_s`` its run length. Invalid files raise
+    ``engine`` replaces the file's engine; ``rho`` its total offered load (a baseline's: its
+    base's); ``rate_scale`` multiplies ``rho``, so every tenant's rate, by that factor
+    (``rate_i = rho * rate_scale * share_i * capacity_i``); ``capacity`` what the load is
+    relative to (module docstring); ``duration_s`` its run length. Invalid files raise
     ``ValueError`` naming the file and the field."""
+    for key, v in (("rho", rho), ("rate_scale", rate_scale)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or v <= 0):
+            raise ValueError(f"{key} must be a finite number > 0, got {v!r}")
     path, data = _read(name_or_path)
     ctx = _Ctx(f"file {path}")
     if not isinstance(data, dict):
@@ -368,7 +402,8 @@ def load(name_or_path: Union[str, Path], engine: Optional[Engine] = None, rho: O
     description = ctx.string(data, "description", required=True)
     question = ctx.string(data, "question")
     if "baseline_of" in data:
-        return _load_baseline(ctx, path, data, name, description, question, engine, rho, capacity, duration_s)
+        return _load_baseline(ctx, path, data, name, description, question, engine, rho, capacity, duration_s,
+                              rate_scale)
     for key in ("keep_tenants",):
         if key in data:
             ctx.fail(key, "is allowed only together with baseline_of")
@@ -379,10 +414,9 @@ def load(name_or_path: Union[str, Path], engine: Optional[Engine] = None, rho: O
     if cap_engine is not None:
         eng = cap_engine
     file_rho = ctx.number(data, "rho", required=True)
-    if rho is not None:
-        if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho) or rho <= 0:
-            raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
     the_rho = float(rho) if rho is not None else file_rho
+    if rate_scale is not None:
+        the_rho *= float(rate_scale)
     dur = ctx.number(data, "duration_s", default=60.0)
     if duration_s is not None:
         if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)) or not duration_s > 0:
@@ -468,21 +502,25 @@ def load(name_or_path: Union[str, Path], engine: Optional[Engine] = None, rho: O
     return ScenarioSpec(name=name, scenario=sc, slos={p["name"]: p["slo"] for p in parsed}, description=description,
                         rho=the_rho, question=question, seeds=tuple(seeds), policy=policy, policy_params=dict(params),
                         capacity_rps=cap_rps, capacity_source=cap_source, victim=data.get("victim"),
-                        baseline=baseline, path=str(path))
+                        baseline=baseline, path=str(path),
+                        shares={p["name"]: p["share"] / total_share for p in parsed}, offered_load=the_rho)
 
 
-def _load_baseline(ctx, path, data, name, description, question, engine, rho, capacity, duration_s):
+def _load_baseline(ctx, path, data, name, description, question, engine, rho, capacity, duration_s, rate_scale):
     allowed = {"name", "description", "question", "baseline_of", "keep_tenants", "duration_s", "seeds", "policy",
                "policy_params"}
-    ctx.unknown(data, allowed, "")
     of = ctx.string(data, "baseline_of", required=True)
+    if "rho" in data:
+        ctx.fail("rho", f"is not allowed in a baseline: its tenants keep the rates they have in baseline_of "
+                        f"({of!r}), set by that file's rho (load(rho=...) / --rho move both)")
+    ctx.unknown(data, allowed, "")
     keep = data.get("keep_tenants")
     if not isinstance(keep, list) or not keep or not all(isinstance(k, str) for k in keep):
         ctx.fail("keep_tenants", f"must be a non-empty list of tenant names, got {keep!r}")
     if Path(of).stem == name:
         ctx.fail("baseline_of", "must name another scenario")
     base = load(of if not (path.parent / f"{of}.toml").exists() else path.parent / f"{of}.toml",
-                engine=engine, rho=rho, capacity=capacity, duration_s=duration_s)
+                engine=engine, rho=rho, capacity=capacity, duration_s=duration_s, rate_scale=rate_scale)
     missing = [k for k in keep if k not in base.tenant_names]
     if missing:
         ctx.fail("keep_tenants", f"names tenants {missing} that {of!r} does not have ({list(base.tenant_names)})")
@@ -498,11 +536,10 @@ def _load_baseline(ctx, path, data, name, description, question, engine, rho, ca
     sc = Scenario(tenants, engine=base.engine, duration_s=dur, name=name, description=description, seed=int(seeds[0]))
     # Request streams are keyed by tenant index (workload.rng_for): a kept tenant sees the very
     # requests it sends in the base scenario when it keeps its index there (list it first).
+    shares = {k: base.shares[k] for k in keep}
     return ScenarioSpec(name=name, scenario=sc, slos={k: base.slos[k] for k in keep}, description=description,
-                        rho=float(sum(base.scenario.tenants[base.tenant_names.index(k)].rate_rps
-                                      / base.capacity_rps[k] for k in keep)),
-                        question=question, seeds=tuple(seeds), policy=policy,
+                        rho=base.rho, question=question, seeds=tuple(seeds), policy=policy,
                         policy_params=dict(data.get("policy_params", base.policy_params)),
                         capacity_rps={k: base.capacity_rps[k] for k in keep}, capacity_source=base.capacity_source,
                         victim=keep[0] if len(keep) == 1 else None, baseline=None, baseline_of=base.name,
-                        path=str(path))
+                        path=str(path), shares=shares, offered_load=base.rho * math.fsum(shares.values()))

@@ -3,6 +3,7 @@ or in a child process (tests, notebooks, benchmarks), and its command-line argum
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
 import signal
@@ -150,7 +151,6 @@ def _die_with_parent() -> None:
     """In the child before exec (Linux): SIGTERM it when the parent dies, so that a killed test
     run or notebook leaves no server behind."""
     try:
-        import ctypes
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass

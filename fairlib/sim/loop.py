@@ -167,8 +167,9 @@ def _emit(RF, RI, TF, TI, BT, sf, si, E, B, P, t):
 
 
 @jit.inline
-def _retire(RF, RI, TI, BT, heap, heap_n, si, pid, pf, pi, B, t):
-    """Step 8, after the policy's bookkeeping: finishes leave the batch, the preempted go back."""
+def _retire(RF, RI, TI, BT, heap, heap_n, si, B, t):
+    """Step 8, after the policy's bookkeeping (on_iteration, which sees the finishes too):
+    finishes leave the batch, the preempted go back."""
     k = 0
     for i in range(B):
         r = BT[RUN_IDS, i]
@@ -178,7 +179,6 @@ def _retire(RF, RI, TI, BT, heap, heap_n, si, pid, pf, pi, B, t):
             tn = RI[TENANT, r]
             TI[T_FINISHED, tn] += 1
             TI[T_RUNNING, tn] -= 1
-            dispatch.on_finish(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r)
         else:
             BT[RUN_IDS, k] = r
             k += 1
@@ -209,7 +209,7 @@ def step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi):
         return ENDED
     t, per_seq = _emit(RF, RI, TF, TI, BT, sf, si, E, B, P, t)
     dispatch.on_iteration(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E)
-    _retire(RF, RI, TI, BT, heap, heap_n, si, pid, pf, pi, B, t)
+    _retire(RF, RI, TI, BT, heap, heap_n, si, B, t)
     return RAN
 
 

@@ -63,12 +63,21 @@ class Iteration(NamedTuple):
 class OnlineEngine:
     def __init__(self, engine: Optional[Engine] = None, policy="fcfs", n_tenants: int = 1, n_classes: int = 4,
                  priority_levels=range(-32, 33), capacity: int = 1024, **policy_params):
+        """`n_classes`, `priority_levels`: the classes (0..n_classes-1) and priorities submissions may
+        use; the policies that read them (aging, priority) refuse others. The policy object is not
+        changed: it can serve `simulate` and other engines as well."""
         self.engine = Engine() if engine is None else engine
         self.policy = make_policy(policy, **policy_params)
         if isinstance(n_tenants, bool) or not float(n_tenants).is_integer() or n_tenants < 1:
             raise ValueError(f"n_tenants must be an integer >= 1, got {n_tenants!r}")
         self.n_tenants = int(n_tenants)
-        n_lines = self.policy.online_lines(self.n_tenants, n_classes, priority_levels)
+        if isinstance(n_classes, bool) or not float(n_classes).is_integer() or n_classes < 1:
+            raise ValueError(f"n_classes must be an integer >= 1, got {n_classes!r}")
+        self.n_classes = int(n_classes)
+        self.priority_levels = np.unique(np.asarray(list(priority_levels), np.int64))
+        if not len(self.priority_levels):
+            raise ValueError("priority_levels must name at least one priority")
+        n_lines = self.policy.online_lines(self.n_tenants, self.n_classes)
         self.S = allocate(capacity, self.n_tenants, n_lines, self.engine.max_batch)
         self.pf, self.pi = self.policy.state(self.n_tenants)
         self.E = self.engine.kernel_params()
@@ -105,7 +114,8 @@ class OnlineEngine:
         a = max(a, last)
         est = int(output_tokens if est_output_tokens is None else est_output_tokens)
         line, key, _ = self.policy.lines(np.array([n]), np.array([tenant]), np.array([klass]),
-                                         np.array([priority]), np.array([est]), self.n_tenants)
+                                         np.array([priority]), np.array([est]), self.n_tenants,
+                                         self.n_classes, self.priority_levels)
         if n >= self.S.RF.shape[1]:
             self.S = grow(self.S, 2 * self.S.RF.shape[1])
         RF, RI = self.S.RF, self.S.RI

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Optional, Sequence
 
 import numpy as np
@@ -51,7 +51,7 @@ from fairlib.sim.state import (
     allocate,
 )
 
-__all__ = ["simulate", "SimResult", "validate_requests", "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS"]
+__all__ = ["prepare", "simulate", "SimResult", "validate_requests", "request_columns", "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS"]
 
 REQUIRED_COLUMNS = ("arrival_ms", "tenant", "prompt_tokens", "output_tokens")
 OPTIONAL_COLUMNS = ("est_output_tokens", "klass", "priority")
@@ -69,28 +69,41 @@ def _int_column(df, name) -> np.ndarray:
     return values.astype(np.int64)
 
 
-def validate_requests(requests, n_tenants: Optional[int] = None) -> tuple[pd.DataFrame, int]:
-    """Check a request table against the engine model's input contract; returns (table, n_tenants)."""
+def _arrival_column(col) -> np.ndarray:
+    """arrival_ms as float64 (a copy); non-numeric values become NaN (rejected by the caller)."""
+    if isinstance(col.dtype, np.dtype) and col.dtype.kind in "iuf":
+        return col.to_numpy().astype(np.float64)
+    return pd.to_numeric(col, errors="coerce").to_numpy(dtype=float, copy=True)
+
+
+def request_columns(requests, n_tenants: Optional[int] = None) -> tuple[dict, int]:
+    """Check a request table against the engine model's input contract; returns (columns,
+    n_tenants): the table's columns in order, as numpy arrays of their own (arrival_ms float64,
+    the integer columns int64, any other column as given)."""
     if isinstance(requests, dict):
         requests = pd.DataFrame(requests)
     if not isinstance(requests, pd.DataFrame):
         raise ValueError(f"requests must be a pandas DataFrame (or a dict of columns), got {type(requests).__name__}")
-    missing = [c for c in REQUIRED_COLUMNS if c not in requests.columns]
+    names = list(requests.columns)
+    missing = [c for c in REQUIRED_COLUMNS if c not in names]
     if missing:
         raise ValueError(f"requests: missing column(s) {missing}; required: {list(REQUIRED_COLUMNS)}")
-    df = requests.reset_index(drop=True)
-    arrival = pd.to_numeric(df["arrival_ms"], errors="coerce").to_numpy(dtype=float)
-    if not np.all(np.isfinite(arrival)):
+    if len(set(names)) < len(names):
+        twice = sorted({str(c) for c in names if names.count(c) > 1})
+        raise ValueError(f"requests: column names must be unique; repeated: {twice}")
+    arrival = _arrival_column(requests["arrival_ms"])
+    if not np.isfinite(arrival).all():
         raise ValueError("requests: column 'arrival_ms' must be finite numbers (found NaN or inf)")
     if len(arrival) and arrival.min() < 0:
         raise ValueError("requests: column 'arrival_ms' must be >= 0")
-    if np.any(np.diff(arrival) < 0):
-        i = int(np.argmax(np.diff(arrival) < 0))
+    earlier = arrival[1:] < arrival[:-1]
+    if earlier.any():
+        i = int(np.argmax(earlier))
         raise ValueError(f"requests: column 'arrival_ms' must be sorted ascending (row {i + 1} arrives before row {i})")
     out = {"arrival_ms": arrival}
     for name in _INT_COLUMNS:
-        if name in df.columns:
-            out[name] = _int_column(df, name)
+        if name in names:
+            out[name] = _int_column(requests, name)
     for name in ("prompt_tokens", "output_tokens") + (("est_output_tokens",) if "est_output_tokens" in out else ()):
         if len(out[name]) and out[name].min() < 1:
             raise ValueError(f"requests: column {name!r} must be integers >= 1 (found {out[name].min()})")
@@ -104,26 +117,39 @@ def validate_requests(requests, n_tenants: Optional[int] = None) -> tuple[pd.Dat
     if len(tenant) and (tenant.min() < 0 or tenant.max() >= n_tenants):
         raise ValueError(f"requests: column 'tenant' must lie in 0..{n_tenants - 1}, "
                          f"found {tenant.min()}..{tenant.max()}")
-    columns = {c: (out[c] if c in out else df[c].to_numpy()) for c in df.columns}
+    columns = {c: (out[c] if c in out else requests[c].to_numpy(copy=True)) for c in names}
+    return columns, n_tenants
+
+
+def validate_requests(requests, n_tenants: Optional[int] = None) -> tuple[pd.DataFrame, int]:
+    """As :func:`request_columns`, the columns as a DataFrame; returns (table, n_tenants)."""
+    columns, n_tenants = request_columns(requests, n_tenants)
     return pd.DataFrame(columns, copy=False), n_tenants
 
 
-class RequestArrays:
-    """A validated request table as the arrays the engine state is filled from; one per table,
-    reused for every policy run on it (fairlib/sweep.py runs several policies per table)."""
+def _array(table, name, dtype=None) -> np.ndarray:
+    """Column `name` of a DataFrame or of a dict of arrays, as a numpy array."""
+    col = table[name]
+    return col.to_numpy(dtype) if isinstance(col, pd.Series) else np.asarray(col, dtype)
 
-    def __init__(self, df: pd.DataFrame, n_tenants: int):
-        self.n = n = len(df)
+
+class RequestArrays:
+    """A validated request table (a DataFrame, or the dict of arrays `request_columns` gives) as
+    the arrays the engine state is filled from; one per table, reused for every policy run on it
+    (fairlib/sweep.py runs several policies per table)."""
+
+    def __init__(self, df, n_tenants: int):
+        self.arrival = _array(df, "arrival_ms", np.float64)
+        self.n = n = len(self.arrival)
         self.n_tenants = n_tenants
-        self.columns = set(df.columns)
+        self.columns = set(df.columns if isinstance(df, pd.DataFrame) else df)
         self.rows = np.arange(n)
-        self.arrival = df["arrival_ms"].to_numpy(np.float64)
-        self.tenant = df["tenant"].to_numpy(np.int64)
-        self.prompt = df["prompt_tokens"].to_numpy(np.int64)
-        self.output = df["output_tokens"].to_numpy(np.int64)
-        self.klass = df["klass"].to_numpy(np.int64) if "klass" in df else np.zeros(n, np.int64)
-        self.priority = df["priority"].to_numpy(np.int64) if "priority" in df else None
-        self.est = df["est_output_tokens"].to_numpy(np.int64) if "est_output_tokens" in df else np.zeros(n, np.int64)
+        self.tenant = _array(df, "tenant", np.int64)
+        self.prompt = _array(df, "prompt_tokens", np.int64)
+        self.output = _array(df, "output_tokens", np.int64)
+        self.klass = _array(df, "klass", np.int64) if "klass" in df else np.zeros(n, np.int64)
+        self.priority = _array(df, "priority", np.int64) if "priority" in df else None
+        self.est = _array(df, "est_output_tokens", np.int64) if "est_output_tokens" in df else np.zeros(n, np.int64)
 
     def state(self, engine: Engine, policy: Policy, capacity=None):
         """Engine state and policy state arrays (S, pf, pi) for a run of `policy` on this table."""
@@ -153,17 +179,42 @@ def build_state(df: pd.DataFrame, n_tenants: int, engine: Engine, policy: Policy
     return RequestArrays(df, n_tenants).state(engine, policy, capacity)
 
 
-@dataclass
 class SimResult:
-    """What one simulated run produced (see book/engine-model.md, Outputs)."""
+    """What one simulated run produced (see book/engine-model.md, Outputs).
 
-    requests: pd.DataFrame
-    tenants: pd.DataFrame
-    run: dict
-    engine: Engine
-    policy: Policy
-    counters: Optional[np.ndarray] = None
-    tenant_names: Sequence[str] = field(default_factory=list)
+    `requests` and `tenants` are DataFrames; given as dicts of column arrays (as `simulate` gives
+    them), each is made a DataFrame on its first read and kept: a run whose tables are never read
+    does no pandas work."""
+
+    def __init__(self, requests, tenants, run: dict, engine: Engine, policy: Policy,
+                 counters: Optional[np.ndarray] = None, tenant_names: Optional[Sequence[str]] = None):
+        self._tables = {"requests": requests, "tenants": tenants}
+        self.run = run
+        self.engine = engine
+        self.policy = policy
+        self.counters = counters
+        self.tenant_names = [] if tenant_names is None else tenant_names
+
+    def __repr__(self) -> str:
+        return f"SimResult(policy={self.policy!r}, engine={self.engine!r}, run={self.run!r})"
+
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        """One row per request: the input columns + rejected, admitted_ms, first_token_ms,
+        finish_ms, generated, charged_ms, preemptions."""
+        cols = self._tables["requests"]
+        return cols if isinstance(cols, pd.DataFrame) else pd.DataFrame(cols, copy=False)
+
+    @cached_property
+    def tenants(self) -> pd.DataFrame:
+        """One row per tenant (index `tenant`): name, machine_ms, prefill_ms, decode_ms,
+        decode_tokens, requests_admitted, requests_finished, requests_rejected, share."""
+        cols = self._tables["tenants"]
+        if isinstance(cols, pd.DataFrame):
+            return cols
+        ten = pd.DataFrame(cols)
+        ten.index.name = "tenant"
+        return ten
 
     @property
     def shares(self) -> pd.Series:
@@ -175,31 +226,60 @@ class SimResult:
         return float(s.max() / s.min()) if s.min() > 0 else math.inf
 
 
-def collect(df: pd.DataFrame, S: State, n: int, engine: Engine, policy: Policy, pf, horizon_ms,
-            tenant_names=None) -> SimResult:
-    """Turn the final state into result tables."""
-    columns = {c: df[c].to_numpy()[:n].copy() for c in df.columns}
+def collect(df, S: State, n: int, engine: Engine, policy: Policy, pf, horizon_ms, tenant_names=None) -> SimResult:
+    """Turn the final state into a result (its tables as column arrays, made DataFrames when read);
+    `df` is the validated table, a DataFrame or the dict of arrays `request_columns` gives."""
+    if isinstance(df, pd.DataFrame):
+        columns = {c: df[c].to_numpy()[:n].copy() for c in df.columns}
+    else:   # the arrays request_columns made for this run: the result's own
+        columns = {c: a[:n] for c, a in df.items()}
     columns.update({
         "rejected": S.RI[STATUS, :n] == REJECTED, "admitted_ms": S.RF[ADMITTED, :n].copy(),
         "first_token_ms": S.RF[FIRST, :n].copy(), "finish_ms": S.RF[FINISH, :n].copy(),
         "generated": S.RI[GENERATED, :n].copy(), "charged_ms": S.RF[CHARGED, :n].copy(),
         "preemptions": S.RI[PREEMPT, :n].copy()})
-    req = pd.DataFrame(columns, copy=False)
     n_t = S.TF.shape[1]
     names = list(tenant_names) if tenant_names is not None else [str(i) for i in range(n_t)]
     machine = S.TF[T_MACHINE].copy()
     total = machine.sum()
-    ten = pd.DataFrame({
+    ten = {
         "name": names,
         "machine_ms": machine, "prefill_ms": S.TF[T_PREFILL].copy(), "decode_ms": S.TF[T_DECODE].copy(),
         "decode_tokens": S.TI[T_TOKENS].copy(), "requests_admitted": S.TI[T_ADMITTED].copy(),
         "requests_finished": S.TI[T_FINISHED].copy(), "requests_rejected": S.TI[T_REJECTED].copy(),
         "share": machine / total if total > 0 else np.full(n_t, np.nan),
-    })
-    ten.index.name = "tenant"
+    }
     run = {"busy_ms": float(S.sf[BUSY_MS]), "iterations": int(S.si[ITERATIONS]),
            "decode_tokens": int(S.si[DECODE_TOKENS]), "end_ms": float(S.sf[T_NOW]), "horizon_ms": horizon_ms}
-    return SimResult(req, ten, run, engine, policy, policy.counters(pf, n_t), names)
+    return SimResult(columns, ten, run, engine, policy, policy.counters(pf, n_t), names)
+
+
+def prepare(requests, engine: Optional[Engine], policy, horizon_ms: Optional[float], n_tenants: Optional[int],
+            tenant_names, policy_params: dict) -> tuple:
+    """The checked inputs of one run: ``(engine, policy, horizon_ms, columns, n_tenants)``.
+
+    One function for :func:`simulate` and ``fairlib.records.from_sim.trace_simulation``, so that
+    both accept and refuse the same inputs: the engine, the policy (a name and its parameters, or
+    a Policy object), the horizon (a number > 0, not a bool; None: ``inf``), the request table
+    (:func:`request_columns`), ``tenant_names`` (one per tenant) and the columns the policy needs."""
+    engine = Engine() if engine is None else engine
+    if not isinstance(engine, Engine):
+        raise ValueError(f"engine must be a fairlib.Engine, got {type(engine).__name__}")
+    pol = make_policy(policy, **policy_params)
+    if horizon_ms is None:
+        horizon_ms = math.inf
+    if isinstance(horizon_ms, bool) or not isinstance(horizon_ms, (int, float, np.integer, np.floating)) \
+            or math.isnan(horizon_ms) or horizon_ms <= 0:
+        raise ValueError(f"horizon_ms must be a number > 0 (or None for no horizon), got {horizon_ms!r}")
+    if tenant_names is not None and n_tenants is None:
+        n_tenants = len(tenant_names)
+    columns, n_tenants = request_columns(requests, n_tenants)
+    if tenant_names is not None and len(tenant_names) != n_tenants:
+        raise ValueError(f"tenant_names has {len(tenant_names)} names for {n_tenants} tenants")
+    for col in pol.needs:
+        if col not in columns and not (col == "priority" and "klass" in columns):
+            raise ValueError(f"policy {pol.name!r} needs the requests column {col!r}")
+    return engine, pol, float(horizon_ms), columns, n_tenants
 
 
 def simulate(requests, engine: Optional[Engine] = None, policy="fcfs", horizon_ms: Optional[float] = None,
@@ -210,19 +290,9 @@ def simulate(requests, engine: Optional[Engine] = None, policy="fcfs", horizon_m
     (optional est_output_tokens, klass, priority), sorted by arrival.
     policy: a name from fairlib.sim.policies.POLICIES (parameters as keywords) or a Policy object.
     """
-    engine = Engine() if engine is None else engine
-    if not isinstance(engine, Engine):
-        raise ValueError(f"engine must be a fairlib.Engine, got {type(engine).__name__}")
-    pol = make_policy(policy, **policy_params)
-    if horizon_ms is None:
-        horizon_ms = math.inf
-    if not isinstance(horizon_ms, (int, float, np.integer, np.floating)) or math.isnan(horizon_ms) or horizon_ms <= 0:
-        raise ValueError(f"horizon_ms must be a number > 0 (or None for no horizon), got {horizon_ms!r}")
-    if tenant_names is not None and n_tenants is None:
-        n_tenants = len(tenant_names)
-    df, n_tenants = validate_requests(requests, n_tenants)
-    if tenant_names is not None and len(tenant_names) != n_tenants:
-        raise ValueError(f"tenant_names has {len(tenant_names)} names for {n_tenants} tenants")
-    S, pf, pi = build_state(df, n_tenants, engine, pol)
-    loop.run(S, engine.kernel_params(), pol.pid, pf, pi, float(horizon_ms))
-    return collect(df, S, len(df), engine, pol, pf, float(horizon_ms), tenant_names)
+    engine, pol, horizon_ms, columns, n_tenants = prepare(requests, engine, policy, horizon_ms, n_tenants,
+                                                          tenant_names, policy_params)
+    table = RequestArrays(columns, n_tenants)
+    S, pf, pi = table.state(engine, pol)
+    loop.run(S, engine.kernel_params(), pol.pid, pf, pi, horizon_ms)
+    return collect(columns, S, table.n, engine, pol, pf, horizon_ms, tenant_names)

@@ -32,18 +32,17 @@ class Aging(Policy):
     def validate(self, v):
         return {"rate": check_number(self.name, "rate", v["rate"])}
 
-    def lines(self, rows, tenant, klass, priority, est, n_tenants):
+    def lines(self, rows, tenant, klass, priority, est, n_tenants, n_classes=None, priority_levels=None):
         k = np.asarray(klass, np.int64)
         if len(k) and k.min() < 0:
             raise ValueError(f"policy {self.name!r}: column 'klass' must be >= 0, got {k.min()}")
-        n = getattr(self, "n_classes", None)
-        if n is not None and len(k) and k.max() >= n:
-            raise ValueError(f"policy {self.name!r}: column 'klass' must be < {n} (the classes this engine keeps)")
-        return k, np.asarray(rows, np.float64), n or (int(k.max()) + 1 if len(k) else 1)
+        if n_classes is not None and len(k) and k.max() >= n_classes:
+            raise ValueError(f"policy {self.name!r}: column 'klass' must be < {n_classes} "
+                             "(the classes this engine keeps)")
+        return k, np.asarray(rows, np.float64), n_classes or (int(k.max()) + 1 if len(k) else 1)
 
-    def online_lines(self, n_tenants, n_classes, priority_levels):
-        self.n_classes = int(n_classes)
-        return self.n_classes
+    def online_lines(self, n_tenants, n_classes):
+        return int(n_classes)
 
     def state(self, n_tenants, n_requests=None):
         return np.array([self.values["rate"]]), np.zeros(1, np.int64)

@@ -9,8 +9,8 @@ heap_n)``: ``pf``/``pi`` are the policy's float/int state arrays, the rest the e
 - ``select(*V, t) -> line``: the line whose head is admitted next, or -1 for none.
 - ``on_admit(*V, r, line, prefill_tokens, E)``: ``r`` was admitted.
 - ``on_iteration(*V, B, per_seq, E)``: ``BT[LAST_IDS, :B]`` ran (each one's prefill this iteration:
-  ``RI[PRE_TOK]`` holds the prefill tokens of each request's latest admission).
-- ``on_finish(*V, r)``: ``r`` finished.
+  ``RI[PRE_TOK]`` holds the prefill tokens of each request's latest admission); those with
+  ``RI[GENERATED] >= RI[OUTPUT]`` finished in it (a policy books finishes here: vtc_predict.py).
 Hooks a policy does not need are simply absent (fairlib/sim/policies/dispatch.py).
 """
 from __future__ import annotations
@@ -58,11 +58,14 @@ class Policy:
     def validate(self, values: dict) -> dict:
         return values
 
-    def lines(self, rows, tenant, klass, priority, est, n_tenants):
-        """(line, key, n_lines): the waiting line of each request and its order inside it."""
+    def lines(self, rows, tenant, klass, priority, est, n_tenants, n_classes=None, priority_levels=None):
+        """(line, key, n_lines): the waiting line of each request and its order inside it.
+        `n_classes` and `priority_levels` (a sorted int64 array) are given when requests arrive one
+        by one (fairlib/sim/online.py): the classes and priorities that engine accepts. A policy
+        keeps nothing of them: one object serves any number of runs."""
         return np.zeros(len(rows), np.int64), np.asarray(rows, np.float64), 1
 
-    def online_lines(self, n_tenants: int, n_classes: int, priority_levels) -> int:
+    def online_lines(self, n_tenants: int, n_classes: int) -> int:
         """How many lines the policy keeps when requests arrive one by one (fairlib/sim/online.py)."""
         return 1
 

@@ -1,6 +1,6 @@
 """Route the engine loop's hook calls to the policy named by its id.
 
-The loop (fairlib/sim/loop.py) calls these five functions and knows no policy. A new policy is a
+The loop (fairlib/sim/loop.py) calls these four functions and knows no policy. A new policy is a
 module beside the others plus one line per hook it implements here and one in the registry
 (fairlib/sim/policies/__init__.py). A policy without a hook gets the default: accept everything,
 do nothing."""
@@ -57,8 +57,3 @@ def on_iteration(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E):
         vtc.on_iteration(pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E)
     elif pid == vtc_predict.PID:
         vtc_predict.on_iteration(pf, pi, RF, RI, TI, BT, heap, heap_n, B, per_seq, E)
-
-
-@jit.inline
-def on_finish(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r):
-    pass

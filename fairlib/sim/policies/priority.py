@@ -13,15 +13,11 @@ class Priority(Policy):
     name, pid = "priority", PID
     needs = ("priority",)
 
-    allowed = None
-
-    def online_lines(self, n_tenants, n_classes, priority_levels):
-        self.allowed = np.unique(np.asarray(list(priority_levels), np.int64))
-        return 1
-
-    def lines(self, rows, tenant, klass, priority, est, n_tenants):
+    def lines(self, rows, tenant, klass, priority, est, n_tenants, n_classes=None, priority_levels=None):
         values = np.asarray(priority if priority is not None else klass, np.int64)
-        if self.allowed is not None and len(values) and not np.isin(values, self.allowed).all():
-            raise ValueError(f"policy {self.name!r}: priority must be one of {self.allowed.min()}..{self.allowed.max()}, "
-                             f"got {values[~np.isin(values, self.allowed)][0]}")
+        if priority_levels is not None and len(values):
+            bad = values[~np.isin(values, priority_levels)]
+            if len(bad):
+                raise ValueError(f"policy {self.name!r}: priority must be one of "
+                                 f"{priority_levels.min()}..{priority_levels.max()}, got {bad[0]}")
         return np.zeros(len(values), np.int64), values.astype(np.float64), 1

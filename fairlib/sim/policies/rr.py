@@ -35,10 +35,10 @@ def on_admit(pf, pi, RF, RI, TI, BT, heap, heap_n, r, line, prefill_tokens, E):
 class RoundRobin(Policy):
     name, pid = "rr", PID
 
-    def lines(self, rows, tenant, klass, priority, est, n_tenants):
+    def lines(self, rows, tenant, klass, priority, est, n_tenants, n_classes=None, priority_levels=None):
         return np.asarray(tenant, np.int64), np.asarray(rows, np.float64), n_tenants
 
-    def online_lines(self, n_tenants, n_classes, priority_levels):
+    def online_lines(self, n_tenants, n_classes):
         return n_tenants
 
     def state(self, n_tenants, n_requests=None):

@@ -12,5 +12,5 @@ class SJF(Policy):
     name, pid = "sjf", PID
     needs = ("est_output_tokens",)
 
-    def lines(self, rows, tenant, klass, priority, est, n_tenants):
+    def lines(self, rows, tenant, klass, priority, est, n_tenants, n_classes=None, priority_levels=None):
         return np.zeros(len(rows), np.int64), np.asarray(est, np.float64), 1

@@ -28,10 +28,10 @@ class SlotCap(Policy):
     def validate(self, v):
         return {"cap": check_int(self.name, "cap", v["cap"])}
 
-    def lines(self, rows, tenant, klass, priority, est, n_tenants):
+    def lines(self, rows, tenant, klass, priority, est, n_tenants, n_classes=None, priority_levels=None):
         return np.asarray(tenant, np.int64), np.asarray(rows, np.float64), n_tenants
 
-    def online_lines(self, n_tenants, n_classes, priority_levels):
+    def online_lines(self, n_tenants, n_classes):
         return n_tenants
 
     def state(self, n_tenants, n_requests=None):

@@ -76,10 +76,10 @@ class VTC(Policy):
         out["weights"] = w
         return out
 
-    def lines(self, rows, tenant, klass, priority, est, n_tenants):
+    def lines(self, rows, tenant, klass, priority, est, n_tenants, n_classes=None, priority_levels=None):
         return np.asarray(tenant, np.int64), np.asarray(rows, np.float64), n_tenants
 
-    def online_lines(self, n_tenants, n_classes, priority_levels):
+    def online_lines(self, n_tenants, n_classes):
         return n_tenants
 
     def state(self, n_tenants, n_requests=None):

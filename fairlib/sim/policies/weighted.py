@@ -41,7 +41,7 @@ class Weighted(Policy):
             raise ValueError(f"policy {self.name!r}: parameter 'w' needs at least one weight > 0, got {w}")
         return {"w": w}
 
-    def lines(self, rows, tenant, klass, priority, est, n_tenants):
+    def lines(self, rows, tenant, klass, priority, est, n_tenants, n_classes=None, priority_levels=None):
         k = np.asarray(klass, np.int64)
         n = len(self.values["w"])
         if len(k) and (k.min() < 0 or k.max() >= n):
@@ -49,7 +49,7 @@ class Weighted(Policy):
                              f"got values {k.min()}..{k.max()}")
         return k, np.asarray(rows, np.float64), n
 
-    def online_lines(self, n_tenants, n_classes, priority_levels):
+    def online_lines(self, n_tenants, n_classes):
         return len(self.values["w"])
 
     def state(self, n_tenants, n_requests=None):
