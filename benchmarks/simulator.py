@@ -35,7 +35,7 @@ POLICIES = {"fcfs": {}, "rpm_quota": {"limit": 100}, "vtc": {}, "lcf": {}, "resi
 
 def compile_seconds() -> float:
     """Wall time of the first simulate() per policy in a fresh process with an empty cache."""
-    code = ("import time, fairlib; from fairlib import presets\n"
+    code = ("import time, fairlib; from fairlib.chapters import presets\n"
             "df = presets.seed000(seed=0, duration_s=1).requests(0); df['klass'] = df['tenant']\n"
             f"P = {POLICIES!r}\n"
             "t = time.perf_counter()\n"

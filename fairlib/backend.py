@@ -57,7 +57,7 @@ def run_scenario(spec: ScenarioSpec, seed: int, backend: str = "sim", *, policy:
         pol = policy or spec.policy
         params = {**spec.policy_params, **(policy_params or {})} if policy is None else dict(policy_params or {})
         run = simulate_run(spec, seed, pol, api=api, **params)
-        run.config["extra"].update({**(config_extra or {}), "policy": pol})
+        run.config["extra"] = {**(config_extra or {}), **run.config["extra"], "policy": pol}
         if run_dir is not None:
             write_run_dir(run.records, run_dir, run.config, run.summary, overwrite=overwrite)
             run.path = str(run_dir)

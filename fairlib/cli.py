@@ -9,7 +9,7 @@
 
 ``serve`` is a test double (the engine model in real time, fairlib.serve), never an engine.
 ``run`` sends a scenario's schedule open-loop to an endpoint and writes a run directory
-(fairlib.client.run); ``simulate`` writes the same run-directory shape from the simulator
+(fairlib.client.measure); ``simulate`` writes the same run-directory shape from the simulator
 (fairlib.records), so ``analyze`` reads both the same way. Load: a scenario file states ``rho``
 (offered load relative to capacity); ``--rho`` replaces it, ``--rate-scale`` multiplies it, and
 ``--capacity-file`` (a ``fairlib probe`` or ``fairlib fit`` result) makes it relative to the probed engine.
@@ -317,8 +317,6 @@ def cmd_fit(a) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "analyze":
-        if not hasattr(analyze, "main"):
-            raise SystemExit("fairlib analyze: fairlib.analysis.main is not available")
         return int(analyze.main(argv[1:]) or 0)
     a = build_parser().parse_args(argv)
     if a.cmd == "serve":

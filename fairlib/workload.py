@@ -442,7 +442,8 @@ class Scenario:
         vtc_predict) gets ``[t.weight for t in tenants]``; ``weighted``'s per-class ``w`` gets
         ``w[k]`` = the weight of class ``k``'s tenants (they must agree, and be an integer: it
         counts turns in the rotation; 0 for a class no tenant is in). When every weight is 1 (the
-        default) nothing is filled in: the policies' own defaults are equal weights."""
+        default) nothing is filled in: the per-tenant policies then weigh tenants equally by their
+        own default, and ``weighted`` still needs its ``w`` from ``params``."""
         out = dict(params)
         cls = POLICIES.get(policy) if isinstance(policy, str) else None
         if cls is None or all(t.weight == 1.0 for t in self.tenants):

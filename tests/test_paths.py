@@ -30,7 +30,7 @@ def _probe(env_data):
 
 
 def test_default_is_the_checkout_data_folder():
-    assert paths.repo_root() == ROOT and paths.data_dir() == ROOT / "data"
+    assert paths.checkout() == ROOT and paths.repo_root() == ROOT and paths.data_dir() == ROOT / "data"
     lines = _probe(None)
     assert lines[0] == str(ROOT / "data")
     assert set(lines[1].split()) == {str(ROOT / "data")}   # every reader, the same folder
@@ -45,3 +45,18 @@ def test_every_reader_follows_FAIRLIB_DATA(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert _probe(empty)[2] == "missing"
+
+
+def test_an_installed_package_uses_the_user_cache(tmp_path, monkeypatch):
+    """Without a checkout around the package (no pyproject.toml beside it), the engines and their
+    logs go to the user's cache, the data to FAIRLIB_DATA (or a path that says where it looked)."""
+    monkeypatch.setattr(paths, "PACKAGE_DIR", tmp_path / "site-packages" / "fairlib")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for v in ("FAIRLIB_DATA", "FAIRLIB_ENGINES_DIR", "FAIRLIB_ENGINES_LOG_DIR"):
+        monkeypatch.delenv(v, raising=False)
+    assert paths.checkout() is None and paths.repo_root() == Path.cwd()
+    assert paths.engines_dir() == tmp_path / "cache" / "fairlib" / "engines"
+    assert paths.engine_logs_dir() == tmp_path / "cache" / "fairlib" / "engine-logs"
+    assert paths.data_dir() == tmp_path / "site-packages" / "fairlib" / "data"
+    monkeypatch.setenv("FAIRLIB_DATA", str(tmp_path / "d"))
+    assert paths.data_path("x.toml") == (tmp_path / "d" / "x.toml").resolve()

@@ -4,11 +4,11 @@ Every function takes the records of one run (``fairlib.records``: a measured run
 the simulator's records, the same columns) or a ``fairlib.records.Run``.
 
 Modules: ``indices`` (Jain, max/min, water-filling, demand-normalised Jain: functions of
-per-tenant vectors; percentiles with bootstrap intervals), ``common`` (the inputs: tenants, completed requests, SLOs), ``latency``
-(TTFT/TPOT/E2E percentiles with bootstrap intervals, SLO goodput, starvation), ``service``
+per-tenant vectors; percentiles with bootstrap intervals), ``common`` (the inputs: tenants,
+completed requests, SLOs), ``latencies`` (TTFT/TPOT/E2E percentiles, SLO goodput, starvation), ``service``
 (token-weighted service, residency from the stream intervals, windowed fairness), ``run`` (one
 run's analysis and the tables over runs, victim degradation, validity), ``charts`` (altair),
-``report`` (the Markdown report and ``fairlib analyze``).
+``reporting`` (the Markdown report and ``fairlib analyze``).
 
     from fairlib import analysis as an
     a = an.analyze_run("runs/http/noisy_neighbor/seed0")
@@ -17,8 +17,8 @@ run's analysis and the tables over runs, victim degradation, validity), ``charts
 from fairlib.analysis.charts import goodput_chart, latency_chart, share_chart, windowed_chart
 from fairlib.analysis.common import DECODE_WEIGHT, PREFILL_WEIGHT, QS, REFUSED, STARVATION_FACTOR, as_run
 from fairlib.analysis.indices import demand_normalised_jain, jain_index, max_min_ratio, percentile_cis, water_fill
-from fairlib.analysis.latency import goodput, latency, latency_wide, starvation
-from fairlib.analysis.report import main, report
+from fairlib.analysis.latencies import goodput, latency, latency_wide, starvation
+from fairlib.analysis.reporting import main, report
 from fairlib.analysis.run import (RunAnalysis, analyze_run, ci_table, combine, fairness_table, latency_overview,
                                   pooled_latency, tenant_latency, tenant_table, validity, validity_table,
                                   victim_degradation, victim_overview, victim_table)

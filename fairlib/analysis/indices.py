@@ -2,7 +2,7 @@
 
 The same functions serve simulated and measured runs. Jain's index ``(sum y)^2 / (n sum y^2)``,
 max/min, the max-min fair (water-filling) split, and Jain of service over that fair split
-(demand-normalised). The latency definitions are ``fairlib.analysis.latency``'s.
+(demand-normalised). The latency definitions are ``fairlib.analysis.latencies``'s.
 """
 from __future__ import annotations
 

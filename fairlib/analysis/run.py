@@ -21,7 +21,7 @@ import pandas as pd
 
 from fairlib.analysis.common import QS, as_run, completed, numeric
 from fairlib.analysis.indices import jain_index, percentile_cis
-from fairlib.analysis.latency import goodput, latency, latency_wide, starvation
+from fairlib.analysis.latencies import goodput, latency, latency_wide, starvation
 from fairlib.analysis.service import build_intervals, fairness, residency, token_service, windowed_fairness
 from fairlib.records import Run
 

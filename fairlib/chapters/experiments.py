@@ -13,7 +13,6 @@ import pandas as pd
 from fairlib import sweep as sw
 from fairlib.analysis.indices import jain_index, max_min_ratio
 from fairlib.chapters import grid
-from fairlib.chapters.grid import load_grid
 from fairlib.sim.engine import SEED000_ENGINE
 from fairlib.sim.simulate import simulate
 from fairlib.traces import KINDS, SERVICES, load_azure_trace, trace_lengths
@@ -121,7 +120,7 @@ def component_split(runs: pd.DataFrame, column: str) -> pd.DataFrame:
 # --- the reference grid, read or recomputed (chapters 2 and 3) ------------------------------
 @functools.lru_cache(maxsize=4)
 def _saved_grid(path: str, mtime_ns: int):
-    return load_grid(path, with_meta=True)
+    return grid.load_grid(path, with_meta=True)
 
 
 def _snap(values, reference, what: str, strict: bool) -> list:

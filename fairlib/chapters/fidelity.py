@@ -58,7 +58,7 @@ from fairlib import analysis as an
 from fairlib import paths
 from fairlib.backend import resolve_model, run_scenario
 from fairlib.calibrate import fit as fitmod
-from fairlib.calibrate.fit import data_path, engine_at, mean_decode_context
+from fairlib.calibrate.fit import engine_at, mean_decode_context
 from fairlib.calibrate.lifecycle import ModelTokenizer, default_model, nice_of
 from fairlib.chapters import published
 from fairlib.client import EndpointConfig
@@ -131,7 +131,7 @@ def model_tokenizer(kind: str):
 
 
 def fit_file(kind: str) -> Path:
-    return data_path(kind)
+    return fitmod.data_path(kind)
 
 
 def fitted_engine(fit, context: Optional[float] = None) -> Engine:

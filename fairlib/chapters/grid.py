@@ -42,12 +42,8 @@ GRID_FILE = DATA_DIR / "grid_seed000.csv.gz"
 
 
 # --- the reference grid (chapter 3) -------------------------------------------------------
-def _seed000_means():
-    return SEED000_OUTPUT_MEANS
-
-
 #: The seed's own output-length spread: longest / shortest mean output (353.8 / 23.7 = 14.93).
-SEED000_SPREAD = max(_seed000_means()) / min(_seed000_means())
+SEED000_SPREAD = max(SEED000_OUTPUT_MEANS) / min(SEED000_OUTPUT_MEANS)
 
 
 #: Flood levels: one tenant's offered load times k, k = 1.0 .. 6.5 step 0.5.

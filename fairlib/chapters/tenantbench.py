@@ -10,7 +10,7 @@
 One schedule per (scenario, seed) whichever the backend: ``spec.requests(seed)`` is what the
 simulator runs and what ``fairlib.client.build_schedule`` turns into HTTP requests (same arrivals,
 same lengths, forced output lengths). A simulated run gives its records in memory
-(``fairlib.records.simulate_run``); a measured run writes a run directory (``fairlib.client.run``)
+(``fairlib.records.simulate_run``); a measured run writes a run directory (``fairlib.client.measure``)
 that is read back (``fairlib.records.load_run``). Both carry the scenario in
 ``config["extra"]["scenario"]``, so ``fairlib.analysis`` computes every number the same way.
 """

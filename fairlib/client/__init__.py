@@ -8,12 +8,12 @@ streaming endpoints (vLLM, llama.cpp's server, ``fairlib serve``).
 
 Modules: ``sse`` (SSE parser, chunk interpreter), ``schedule`` (the precomputed schedule),
 ``endpoint`` (per-engine request shape), ``runner`` (the open-loop sender: one request, one
-shard), ``workers`` (multi-process sharding), ``run`` (a whole run and its run directory),
+shard), ``workers`` (multi-process sharding), ``measure`` (``run``: a whole run and its run directory),
 ``prom`` (``/metrics`` sampling), ``env`` (``env.json``). The record schema, the run directory
 and the summary are the seam both backends write: ``fairlib.records``.
 """
 from fairlib.client.endpoint import EndpointConfig, build_request
-from fairlib.client.run import run
+from fairlib.client.measure import run
 from fairlib.client.runner import RunClock, send_request, send_shard
 from fairlib.client.schedule import PlannedRequest, Schedule, build_schedule, make_prompt
 from fairlib.client.sse import SSEParser, StreamAccumulator, decode_payload, interpret_chunk

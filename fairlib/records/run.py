@@ -1,6 +1,6 @@
 """A run of either backend in memory (``Run``) and on disk (the run directory).
 
-A measured run (``fairlib.client.run``) writes a run directory whose ``records.jsonl`` holds one
+A measured run (``fairlib.client.measure``) writes a run directory whose ``records.jsonl`` holds one
 record per request (``fairlib.records.schema.RECORD_FIELDS``); ``load_records`` reads it back.
 The simulator's records (``fairlib.records.from_sim``) have the SAME columns, so the analysis has
 one code path for both backends:

@@ -24,7 +24,8 @@ waits for the server, so lag does not accumulate.
 
 Command line: ``fairlib serve --port 8000 --iter-base-ms 8 --iter-slope-ms 1.5 --policy vtc``.
 Modules: ``config`` (ServeConfig), ``driver`` (the real-time loop, metrics), ``app`` (HTTP and
-wire format), ``server`` (start/stop: foreground, thread, process; CLI options), ``metrics``.
+wire format), ``server`` (start/stop: foreground, thread, process; CLI options), ``prometheus`` (its
+``/metrics``), ``replay`` (a second double: replays fixture streams, for the client's tests).
 """
 from fairlib.serve.app import make_app, parse_request
 from fairlib.serve.config import ServeConfig, load_engine_params
