@@ -34,7 +34,7 @@ from fairlib.calibrate.probe import probe
 from fairlib.client import EndpointConfig
 from fairlib.client.endpoint import resolve_model
 from fairlib.serve.server import add_arguments as add_serve_arguments
-from fairlib.serve.server import config_from_args, serve_forever
+from fairlib.serve.server import serve_from_args
 from fairlib.sim.policies import parse_policy_param
 
 __all__ = ["main", "build_parser", "load_tokenizer", "load_spec"]
@@ -320,12 +320,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return int(analyze.main(argv[1:]) or 0)
     a = build_parser().parse_args(argv)
     if a.cmd == "serve":
-        try:
-            cfg = config_from_args(a)
-        except ValueError as e:
-            raise SystemExit(f"fairlib serve: {e}") from None
-        serve_forever(cfg)
-        return 0
+        return serve_from_args(a)
     try:
         if a.cmd == "run":
             return cmd_run(a)

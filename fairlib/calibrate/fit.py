@@ -80,7 +80,7 @@ import pandas as pd
 
 from fairlib import paths
 from fairlib.calibrate.lifecycle import start_engine
-from fairlib.calibrate.probe import decode_point, linear_fit, run_coroutine
+from fairlib.calibrate.probe import decode_point, json_default, linear_fit, run_coroutine
 from fairlib.calibrate.probe import load_engine as _probe_load_engine
 from fairlib.client import EndpointConfig
 from fairlib.client.endpoint import server_root
@@ -946,18 +946,8 @@ def fit_engine(eng, *, max_batch: Optional[int] = None, out=None, verbose: bool 
     if out is not None:
         path = Path(out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1, default=jsonable) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(result, indent=1, default=json_default) + "\n", encoding="utf-8")
     return result
-
-
-def jsonable(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
 
 
 # --- reading -------------------------------------------------------------------------------------

@@ -291,15 +291,19 @@ def probe(endpoint, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), decode
     if out is not None:
         p = Path(out)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(result, indent=2, default=jsonable) + "\n", encoding="utf-8")
+        p.write_text(json.dumps(result, indent=2, default=json_default) + "\n", encoding="utf-8")
     return result
 
 
-def jsonable(o):
-    if isinstance(o, (np.integer,)):
+def json_default(o):
+    """``json.dumps(..., default=json_default)``: numpy scalars and arrays as plain numbers and
+    lists, anything else as its text."""
+    if isinstance(o, np.integer):
         return int(o)
-    if isinstance(o, (np.floating,)):
+    if isinstance(o, np.floating):
         return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
     return str(o)
 
 

@@ -23,7 +23,7 @@ from fairlib.serve.config import ENGINE_FIELDS, ServeConfig, load_engine_params
 from fairlib.sim.engine import Engine
 from fairlib.sim.policies import parse_policy_param
 
-__all__ = ["start", "serve_forever", "ServerThread", "ServerProcess", "add_arguments", "config_from_args",
+__all__ = ["serve_from_args", "start", "serve_forever", "ServerThread", "ServerProcess", "add_arguments", "config_from_args",
            "READY_PREFIX"]
 
 READY_PREFIX = "fairlib serve: listening on "
@@ -280,3 +280,14 @@ def wait_ready(root: str, timeout_s: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{root}/health did not answer within {timeout_s} s")
         time.sleep(0.05)
+
+
+def serve_from_args(a) -> int:
+    """``fairlib serve`` / ``python -m fairlib.serve``: the parsed options to a running server
+    (until SIGINT or SIGTERM); a bad option is one line naming it."""
+    try:
+        cfg = config_from_args(a)
+    except ValueError as e:
+        raise SystemExit(f"fairlib serve: {e}") from None
+    serve_forever(cfg)
+    return 0
