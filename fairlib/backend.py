@@ -18,7 +18,7 @@ from fairlib.client import EndpointConfig, build_schedule
 from fairlib.client import run as client_run
 from fairlib.client.endpoint import resolve_model
 from fairlib.records import Run, load_run, simulate_run, write_run_dir
-from fairlib.scenarios import ScenarioSpec
+from fairlib.scenarios import ScenarioSpec, check_name
 
 __all__ = ["BACKENDS", "run_scenario", "resolve_model", "default_run_dir"]
 
@@ -26,8 +26,17 @@ BACKENDS = ("sim", "http")
 
 
 def default_run_dir(spec: ScenarioSpec, backend: str, seed: int) -> Path:
-    """``runs/<scenario>/<backend>/seed<seed>``."""
-    return Path("runs") / spec.name / backend / f"seed{seed}"
+    """``runs/<scenario>/<backend>/seed<seed>``; ``ValueError`` for a scenario name that is not a
+    plain name (``scenarios.check_name``) or a path that resolves outside ``runs/``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_name(spec.name, "scenario name")
+    root = Path("runs")
+    out = root / spec.name / backend / f"seed{seed}"
+    if not out.resolve().is_relative_to(root.resolve()):
+        raise ValueError(f"scenario name {spec.name!r}: the run directory {out} resolves to {out.resolve()}, "
+                         f"outside {root.resolve()}")
+    return out
 
 
 def run_scenario(spec: ScenarioSpec, seed: int, backend: str = "sim", *, policy: Optional[str] = None,

@@ -15,13 +15,23 @@
 ``--capacity-file`` (a ``fairlib probe`` or ``fairlib fit`` result) makes it relative to the probed engine.
 ``fit`` fits the cost model of any endpoint in the format of ``fairlib.calibrate.fit`` (what chapters 1 and 8
 read as ``fit_file``), with the endpoint's identity; ``probe`` is the quicker one-context sweep.
+
+Credentials: ``--api-key`` (or the ``OPENAI_API_KEY`` environment variable) is sent as
+``Authorization: Bearer``, ``--header`` adds any header, a ``user:password@`` in the URL is sent
+as Basic auth; none of them is written to a run directory or printed (masked as ``***``).
+Errors are one line on stderr naming the option: exit 2 for a usage error (a bad option or
+scenario file, an ``--out`` that holds a run or cannot be written), 1 when the work itself fails,
+130 on Ctrl-C before a command has started its work.
 """
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -32,12 +42,87 @@ from fairlib.calibrate import fit as fitmod
 from fairlib.calibrate.fit import normalise_url
 from fairlib.calibrate.probe import probe
 from fairlib.client import EndpointConfig
-from fairlib.client.endpoint import resolve_model
+from fairlib.client.endpoint import mask_url, redact, resolve_model
+from fairlib.client.measure import max_workers
 from fairlib.serve.server import add_arguments as add_serve_arguments
 from fairlib.serve.server import serve_from_args
 from fairlib.sim.policies import parse_policy_param
 
-__all__ = ["main", "build_parser", "load_tokenizer", "load_spec"]
+__all__ = ["main", "build_parser", "load_tokenizer", "load_spec", "CliError"]
+
+
+# --- errors and option types ------------------------------------------------------------------
+
+class CliError(SystemExit):
+    """A command-line error: its one line goes to stderr when raised; exit ``code`` (2: usage)."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(code)
+        self.message = message
+        print(message, file=sys.stderr, flush=True)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block), exit 2."""
+
+    def error(self, message):
+        raise CliError(f"{self.prog}: {message} ('{self.prog} --help' lists the options)", 2)
+
+
+def _number(low: float, strict: bool = True, integer: bool = False):
+    """An argparse type: a finite number (an integer when ``integer``) > ``low`` (>= when not ``strict``)."""
+    what = f"{'an integer' if integer else 'a number'} {'>' if strict else '>='} {low:g}"
+
+    def parse(text: str):
+        try:
+            v = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        if not math.isfinite(v) or (v <= low if strict else v < low):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return v
+
+    return parse
+
+
+def _endpoint_url(text: str) -> str:
+    """An argparse type: an http(s) endpoint URL (the message masks any credential in it)."""
+    try:
+        return EndpointConfig(base_url=text).base_url
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{mask_url(text)!r} is not an endpoint URL: pass http://HOST:PORT/v1 "
+                                         "(or https://)") from None
+
+
+def _header(text: str) -> tuple:
+    """An argparse type: ``"Name: value"``."""
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
+        raise argparse.ArgumentTypeError("must be 'Name: value' (e.g. 'X-Org: research')")
+    return name.strip(), value.strip()
+
+
+def _check_out(out: Path, overwrite: bool, cmd: str, *, run_dir: bool = True) -> None:
+    """Refuse an ``--out`` that holds a run (without ``--overwrite``) or cannot be written,
+    before any work is done."""
+    if run_dir:
+        rec = out / "records.jsonl"
+        if out.exists() and not out.is_dir():
+            raise CliError(f"fairlib {cmd}: --out {out} is a file, not a run directory")
+        if rec.is_file() and rec.stat().st_size > 0 and not overwrite:
+            raise CliError(f"fairlib {cmd}: --out {out} already holds a run (records.jsonl); pass --overwrite "
+                           f"to replace it, or choose another --out")
+    elif out.is_dir():
+        raise CliError(f"fairlib {cmd}: --out {out} is a directory; give a file name (e.g. probe.json)")
+    parent = (out if run_dir else out.parent).absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise CliError(f"fairlib {cmd}: --out {out} cannot be written ({parent} is "
+                       f"{'not a directory' if not parent.is_dir() else 'not writable'})")
 
 
 # --- shared helpers ---------------------------------------------------------------------------
@@ -69,7 +154,7 @@ def load_spec(scenario: str, *, rho=None, rate_scale=None, capacity_file=None, d
     tenant's rate (``scenarios.load``)."""
 
     if rate_scale is not None and not rate_scale > 0:
-        raise SystemExit(f"--rate-scale must be > 0, got {rate_scale}")
+        raise CliError(f"--rate-scale must be > 0, got {rate_scale}")
     return scenarios.load(scenario, capacity=capacity_file, duration_s=duration_s, rho=rho, rate_scale=rate_scale)
 
 
@@ -77,24 +162,36 @@ def _policy_params(items) -> dict:
     try:
         return dict(parse_policy_param(s) for s in items or [])
     except ValueError as e:
-        raise SystemExit(str(e)) from None
+        raise CliError(f"--policy-param: {e}") from None
 
 
-def _resolve_model(endpoint: str) -> str:
+def _resolve_model(endpoint, cmd: str = "run") -> str:
     try:
         return resolve_model(endpoint)
     except ValueError as e:
-        raise SystemExit(f"{e} (--model)") from None
+        raise CliError(f"fairlib {cmd}: {e} (--model)", 1) from None
+
+
+def _add_credentials(p) -> None:
+    p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY', never written (default: the "
+                                     "OPENAI_API_KEY environment variable, which keeps the key out of 'ps')")
+    p.add_argument("--header", action="append", default=[], type=_header, metavar="'NAME: VALUE'",
+                   help="an HTTP header sent with every request (repeatable; secret ones masked in the run directory)")
+
+
+def _api_key(a):
+    return a.api_key or os.environ.get("OPENAI_API_KEY") or None
 
 
 def _add_load_options(p) -> None:
     p.add_argument("--scenario", required=True, help="a scenario name (fairlib/scenarios/*.toml) or a .toml path")
-    p.add_argument("--seed", type=int, help="run seed (default: the scenario's first seed)")
-    p.add_argument("--duration-s", type=float, help="replace the scenario's run length")
+    p.add_argument("--seed", type=_number(0, strict=False, integer=True),
+                   help="run seed (default: the scenario's first seed)")
+    p.add_argument("--duration-s", type=_number(0), help="replace the scenario's run length (seconds > 0)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--rho", type=float, help="total offered load relative to capacity (replaces the file's rho; "
+    g.add_argument("--rho", type=_number(0), help="total offered load relative to capacity (replaces the file's rho; "
                                              "a baseline's rates follow its base scenario's rho)")
-    g.add_argument("--rate-scale", type=float, help="multiply every tenant's rate by this, in every scenario "
+    g.add_argument("--rate-scale", type=_number(0), help="multiply every tenant's rate by this, in every scenario "
                                                     "(a baseline included: the file's rho times this)")
     p.add_argument("--capacity-file", help="a fairlib probe result (JSON): load is relative to the probed engine")
     p.add_argument("--out", help="the run directory (default runs/<scenario>/<backend>/seed<seed>)")
@@ -104,8 +201,8 @@ def _add_load_options(p) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
 
-    p = argparse.ArgumentParser(prog="fairlib", description=__doc__.split("\n\n")[0].strip(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="fairlib", description=__doc__.split("\n\n")[0].strip(),
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="{serve,run,simulate,probe,fit,analyze}")
 
     s = sub.add_parser("serve", help="an OpenAI-compatible test double timed by the engine model (not an engine)",
@@ -113,11 +210,19 @@ def build_parser() -> argparse.ArgumentParser:
                                    "double and a live demonstration of a policy: its numbers are never an engine's.")
     add_serve_arguments(s)
 
-    r = sub.add_parser("run", help="send a scenario open-loop to an endpoint; write a run directory")
+    r = sub.add_parser("run", help="send a scenario open-loop to an endpoint; write a run directory",
+                       description="Send a scenario's schedule open-loop to an endpoint and write a run directory "
+                                   "(config.json, env.json, records.jsonl as requests complete, summary.json last, "
+                                   "also when the run is stopped).",
+                       epilog=RUN_EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_load_options(r)
-    r.add_argument("--endpoint", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
+    r.add_argument("--endpoint", required=True, type=_endpoint_url,
+                   help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
     r.add_argument("--model", help="model name (default: the first the endpoint lists)")
-    r.add_argument("--workers", type=int, default=1, help="client processes (schedule sharded round-robin)")
+    _add_credentials(r)
+    r.add_argument("--workers", type=int, default=1,
+                   help=f"client processes, 1 to the CPU count ({max_workers()} here); the schedule is sharded "
+                        "round-robin; they stop with the run and die with it")
     r.add_argument("--tokenizer", default="whitespace",
                    help="'whitespace' (prompt tokens = words; default) or a tokenizer.json / tokenizer folder")
     r.add_argument("--ignore-eos", dest="ignore_eos", action="store_true", default=True,
@@ -128,8 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--send-priority", action="store_true",
                    help="send each tenant's priority (vLLM: only with --scheduling-policy priority)")
     r.add_argument("--server-policy", help="a label: the policy the server is known to run (recorded)")
-    r.add_argument("--lag-threshold-ms", type=float, default=10.0, help="p99 schedule lag above which the run is invalid")
-    r.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout")
+    r.add_argument("--lag-threshold-ms", type=_number(0), default=10.0,
+                   help="p99 schedule lag (ms > 0) above which the run is invalid")
+    r.add_argument("--timeout-s", type=_number(0), default=600.0, help="per-request timeout (seconds > 0)")
     r.add_argument("--no-metrics", action="store_true", help="do not sample the endpoint's /metrics")
 
     m = sub.add_parser("simulate", help="run a scenario in the simulator; write the same run-directory shape")
@@ -138,16 +244,21 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE")
 
     q = sub.add_parser("probe", help="fit the engine model's costs and capacity of a live endpoint")
-    q.add_argument("--endpoint", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
+    q.add_argument("--endpoint", required=True, type=_endpoint_url,
+                   help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
     q.add_argument("--model", help="model name (default: the first the endpoint lists)")
+    q.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY', never written (default: OPENAI_API_KEY)")
     q.add_argument("--api", choices=("completions", "chat"), default="completions")
     q.add_argument("--out", default="probe.json", help="where to write the result (JSON)")
     q.add_argument("--batches", default="1,2,4,8,16,32,64", help="running batch sizes to try (ascending)")
-    q.add_argument("--decode-tokens", type=int, default=48, help="output tokens per stream in the batch sweep")
-    q.add_argument("--prompt-tokens", type=int, default=16, help="prompt tokens per stream in the batch sweep")
+    q.add_argument("--decode-tokens", type=_number(8, strict=False, integer=True), default=48,
+                   help="output tokens per stream in the batch sweep (>= 8)")
+    q.add_argument("--prompt-tokens", type=_number(1, strict=False, integer=True), default=16,
+                   help="prompt tokens per stream in the batch sweep")
     q.add_argument("--prefill-lengths", default="16,256,512,1024,1536,2048", help="prompt lengths for the TTFT fit")
-    q.add_argument("--prefill-repeats", type=int, default=5)
-    q.add_argument("--max-batch", type=int, help="the engine's known batch limit (default: found by the sweep)")
+    q.add_argument("--prefill-repeats", type=_number(1, strict=False, integer=True), default=5)
+    q.add_argument("--max-batch", type=_number(1, strict=False, integer=True),
+                   help="the engine's known batch limit (default: found by the sweep)")
     q.add_argument("--tokenizer", default="whitespace")
     q.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false", default=True)
     q.add_argument("--send-min-tokens", action="store_true")
@@ -161,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "fairlib.calibrate.fit (fit.load_fit / load_engine / engine_at), with the endpoint's "
                                    "identity (URL, model, server kind and version, batch limit, context window), "
                                    "the client machine and the date. Pass the file to a chapter as fit_file.")
-    f.add_argument("--endpoint", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
+    f.add_argument("--endpoint", required=True, type=_endpoint_url,
+                   help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
     f.add_argument("--model", help="model name (default: the first the endpoint lists)")
     f.add_argument("--kind", choices=("vllm", "llamacpp", "openai"),
                    help="the server (default: what it says: llama.cpp's GET /props, vLLM's GET /version; else openai)")
@@ -187,24 +299,51 @@ def build_parser() -> argparse.ArgumentParser:
 
 # --- subcommands ------------------------------------------------------------------------------
 
+RUN_EXIT_STATUS = """exit status:
+  0    the run is complete and valid: every planned request sent and recorded, at least one
+       succeeded, p99 schedule lag within --lag-threshold-ms
+  1    the run is invalid or incomplete (summary.json's valid_reason says which condition
+       failed), or the work failed before it ran (e.g. the endpoint lists no model)
+  2    a usage error (a bad option or scenario file, an --out that holds a run)
+  130  stopped by SIGINT (Ctrl-C), 143 stopped by SIGTERM: in-flight requests are recorded as
+       interrupted, unsent ones dropped, and summary.json says interrupted (never valid)"""
+
+
+def run_exit_status(summary: dict) -> int:
+    """``fairlib run``'s exit status for a run's summary (``RUN_EXIT_STATUS``): 143 / 130 when
+    SIGTERM / SIGINT stopped it, else 0 for a valid run and 1 for any other."""
+    stopped = summary.get("stopped_by")
+    if stopped == "SIGTERM":
+        return 143
+    if stopped in ("SIGINT", "KeyboardInterrupt"):
+        return 130
+    return 0 if summary.get("valid") else 1
+
+
 def cmd_run(a) -> int:
+    if not 1 <= a.workers <= max_workers():
+        raise CliError(f"fairlib run: --workers must be between 1 and {max_workers()} (the CPU count), got {a.workers}")
     spec = load_spec(a.scenario, rho=a.rho, rate_scale=a.rate_scale, capacity_file=a.capacity_file,
                      duration_s=a.duration_s)
     seed = spec.seeds[0] if a.seed is None else a.seed
-    model = a.model or _resolve_model(a.endpoint)
-    n = len(spec.requests(seed))
     out = Path(a.out) if a.out else default_run_dir(spec, "http", seed)
+    _check_out(out, a.overwrite, "run")
+    cfg = EndpointConfig(base_url=a.endpoint, api=a.api, ignore_eos=a.ignore_eos, send_min_tokens=a.send_min_tokens,
+                         send_priority=a.send_priority, timeout_s=a.timeout_s, headers=dict(a.header),
+                         api_key=_api_key(a))
+    cfg = replace(cfg, model=a.model or _resolve_model(cfg))
+    n = len(spec.requests(seed))
     extra = {"tokenizer": a.tokenizer, "cli": {"rho": a.rho, "rate_scale": a.rate_scale,
                                                 "capacity_file": a.capacity_file}}
-    print(f"fairlib run: {spec.name} seed {seed}: {n} requests over {spec.duration_s:g} s "
-          f"({n / spec.duration_s:.2f} req/s) -> {a.endpoint} ({model}); run directory {out}", flush=True)
-    run = run_scenario(spec, seed, "http", endpoint=a.endpoint, model=model, api=a.api, run_dir=out,
-                       ignore_eos=a.ignore_eos, send_min_tokens=a.send_min_tokens, send_priority=a.send_priority,
-                       timeout_s=a.timeout_s, server_policy=a.server_policy, workers=a.workers,
+    print(redact(f"fairlib run: {spec.name} seed {seed}: {n} requests over {spec.duration_s:g} s "
+                 f"({n / spec.duration_s:.2f} req/s) -> {a.endpoint} ({cfg.model}); run directory {out}", cfg.secrets),
+          flush=True)
+    run = run_scenario(spec, seed, "http", endpoint_config=cfg, api=a.api, run_dir=out,
+                       server_policy=a.server_policy, workers=a.workers,
                        lag_threshold_ms=a.lag_threshold_ms, scrape_metrics=not a.no_metrics, config_extra=extra,
                        overwrite=a.overwrite, tokenizer=load_tokenizer(a.tokenizer), handle_sigint=True)
     _print_summary(run.summary, out)
-    return 0
+    return run_exit_status(run.summary)
 
 
 def _print_summary(summary: dict, out) -> None:
@@ -225,6 +364,7 @@ def cmd_simulate(a) -> int:
     seed = spec.seeds[0] if a.seed is None else a.seed
     policy = a.policy or spec.policy
     out = Path(a.out) if a.out else default_run_dir(spec, "sim", seed)
+    _check_out(out, a.overwrite, "simulate")
     run = run_scenario(spec, seed, "sim", policy=a.policy, policy_params=_policy_params(a.policy_param), api=a.api,
                        run_dir=out, overwrite=a.overwrite)
     print(f"fairlib simulate: {spec.name} seed {seed}, policy {policy}: {len(run.records)} requests "
@@ -236,15 +376,16 @@ def _ints(text: str, name: str) -> list:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"{name} takes comma-separated integers, got {text!r}") from None
+        raise CliError(f"{name} takes comma-separated integers, got {text!r}") from None
 
 
 def cmd_probe(a) -> int:
 
     a.endpoint = normalise_url(a.endpoint)
-    model = a.model or _resolve_model(a.endpoint)
-    cfg = EndpointConfig(base_url=a.endpoint, model=model, api=a.api, ignore_eos=a.ignore_eos,
-                         send_min_tokens=a.send_min_tokens)
+    _check_out(Path(a.out), True, "probe", run_dir=False)
+    cfg = EndpointConfig(base_url=a.endpoint, api=a.api, ignore_eos=a.ignore_eos, send_min_tokens=a.send_min_tokens,
+                         api_key=_api_key(a))
+    cfg = replace(cfg, model=a.model or _resolve_model(cfg, "probe"))
     res = probe(cfg, batches=_ints(a.batches, "--batches"), decode_tokens=a.decode_tokens,
                 prompt_tokens=a.prompt_tokens, prefill_lengths=_ints(a.prefill_lengths, "--prefill-lengths"),
                 prefill_repeats=a.prefill_repeats, max_batch=a.max_batch, seed=a.seed,
@@ -265,12 +406,13 @@ def _fit_settings(a) -> dict:
         if v is not None:
             out[name] = tuple(_ints(v, "--" + name.replace("_", "-")))
             if not out[name] or min(out[name]) < 1:
-                raise SystemExit(f"fairlib fit: --{name.replace('_', '-')} takes integers >= 1, got {v!r}")
+                raise CliError(f"fairlib fit: --{name.replace('_', '-')} takes integers >= 1, got {v!r}")
     for name in ("decode_tokens", "repeats", "prefill_repeats"):
         v = getattr(a, name)
         if v is not None:
             if v < 1 or (name == "decode_tokens" and v < 8):
-                raise SystemExit(f"fairlib fit: --{name.replace('_', '-')} {v} is too small")
+                raise CliError(f"fairlib fit: --{name.replace('_', '-')} must be >= {8 if name == 'decode_tokens' else 1}, "
+                               f"got {v}")
             out[name] = v
     return out
 
@@ -330,9 +472,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return cmd_probe(a)
         if a.cmd == "fit":
             return cmd_fit(a)
-    except ValueError as e:  # invalid scenario files, parameters: one line, no traceback
-        raise SystemExit(f"fairlib {a.cmd}: {e}") from None
+    except ValueError as e:  # invalid scenario files, parameters: one line, no traceback, exit 2
+        raise CliError(f"fairlib {a.cmd}: {_one_line(e)}") from None
+    except FileExistsError:  # a run directory that appeared since _check_out
+        raise CliError(f"fairlib {a.cmd}: --out {a.out or 'the run directory'} already holds a run; pass --overwrite "
+                       f"to replace it, or choose another --out") from None
+    except (OSError, RuntimeError) as e:  # the work failed (a file not written, a probe without data): exit 1
+        raise CliError(f"fairlib {a.cmd}: {_one_line(e)}", 1) from None
+    except KeyboardInterrupt:  # Ctrl-C before a command took over SIGINT
+        print(f"fairlib {a.cmd}: interrupted (SIGINT)", file=sys.stderr, flush=True)
+        return 130
     raise SystemExit(f"unknown command {a.cmd!r}")
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception as one line, any credential in it masked."""
+    text = str(e) if not isinstance(e, OSError) or not e.strerror else \
+        f"{e.strerror}" + (f": {e.filename}" if e.filename else "")
+    return " ".join(mask_url(text).split())
 
 
 if __name__ == "__main__":

@@ -100,8 +100,9 @@ def test_simulate_writes_the_same_run_directory_shape(tmp_path):
     run = load_run(out)
     assert run.backend == "sim" and len(run.records) > 0
     assert set(load_records(out).columns) >= {"ttft_s", "chunk_times_s", "actual_send_s"}
-    with pytest.raises(FileExistsError):
+    with pytest.raises(SystemExit) as e:   # one line naming --overwrite (tests/test_cli_errors.py)
         main(["simulate", "--scenario", "victim_baseline", "--duration-s", "4", "--out", str(out)])
+    assert e.value.code == 2 and "--overwrite" in str(e.value)
     assert main(["simulate", "--scenario", "victim_baseline", "--duration-s", "4", "--out", str(out),
                  "--overwrite", "--policy", "vtc", "--rate-scale", "2"]) == 0
     assert load_run(out).config["extra"]["policy"] == "vtc"

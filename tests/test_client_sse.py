@@ -12,9 +12,9 @@ FIX = Path(__file__).parent / "fixtures"
 
 # file -> (token chunks, tokens per chunk, completion_tokens, comment lines, has server timings)
 EXPECTED = {
-    "vllm_completions.sse": (7, [1] * 7, 8, 2, False),
+    "vllm_completions.sse": (7, [1, 1, 2, 1, 1, 1, 1], 8, 2, False),  # " brown fox": 2 words
     "vllm_completions_token_ids.sse": (7, [1, 1, 2, 1, 1, 1, 1], 8, 0, False),
-    "vllm_chat.sse": (7, [1] * 7, 8, 1, False),
+    "vllm_chat.sse": (7, [1, 1, 1, 2, 1, 1, 1], 8, 1, False),  # " can I": 2 words
     "llamacpp_completions.sse": (6, [1] * 6, 6, 0, True),
     "llamacpp_chat.sse": (6, [1] * 6, 6, 0, True),
 }
@@ -133,9 +133,10 @@ def test_fixture_token_accounting(name):
 
 
 def test_tokens_come_from_usage_not_from_chunks():
-    # vLLM packs " brown fox" (2 tokens) into one chunk: 7 chunks, 8 tokens
+    # vLLM packs " brown fox" (2 tokens) into one chunk: 7 chunks, 8 tokens, all counted
     acc, _ = accumulate((FIX / "vllm_completions.sse").read_bytes())
-    assert sum(acc.chunk_tokens) == 7 and acc.completion_tokens == 8
+    assert len(acc.chunk_times) == 7 and acc.completion_tokens == 8
+    assert acc.resolve_chunk_tokens() == ([1, 1, 2, 1, 1, 1, 1], "text")
 
 
 def test_token_ids_count_without_usage():

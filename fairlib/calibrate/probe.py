@@ -50,7 +50,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from fairlib.client.endpoint import EndpointConfig
+from fairlib.client.endpoint import EndpointConfig, mask_url
 from fairlib.client.env import fetch_json
 from fairlib.client.runner import RunClock, make_session, send_request
 from fairlib.client.schedule import PlannedRequest, make_prompt
@@ -138,8 +138,8 @@ class _Sender:
 
 def _endpoint_info(cfg) -> dict:
     root = cfg.server_root
-    info = {"base_url": cfg.base_url, "model": cfg.model, "api": cfg.api or "completions",
-            "models": fetch_json(cfg.base_url.rstrip("/") + "/models"), "version": fetch_json(root + "/version")}
+    info = {"base_url": mask_url(cfg.base_url), "model": cfg.model, "api": cfg.api or "completions",
+            "models": fetch_json(cfg.plain_base_url.rstrip("/") + "/models"), "version": fetch_json(root + "/version")}
     stats = fetch_json(root + "/fairlib/stats")
     if isinstance(stats.get("body"), dict):  # a fairlib serve instance: keep what it says it is
         info["fairlib_serve"] = {"config": stats["body"].get("config"),
@@ -255,7 +255,11 @@ def probe(endpoint, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), decode
                                        "log": print if verbose else (lambda *_: None)}))
     df, pf = res["decode_fit"], res["prefill_fit"]
     if df["slope"] is None:
-        raise RuntimeError(f"probe: too few usable batch sizes to fit dt(B) (points: {res['points']})")
+        seen = "; ".join(f"B={q['B']}: {q['n_ok']}/{q['B']} ok" + (f" ({', '.join(q['errors'])})" if q["errors"] else "")
+                         for q in res["points"]) or "no batch sent"
+        raise RuntimeError(f"probe of {mask_url(endpoint.base_url)} (model {endpoint.model!r}) failed: dt(B) needs "
+                           f"two batch sizes with timings, got {len(res['fit_points_B'])} ({seen}); is the endpoint "
+                           f"serving that model, and are --batches at least two sizes?")
     base, slope = max(df["intercept"], 0.0), max(df["slope"], 0.0)
     prefill = max(pf["slope"], 0.0) if pf["slope"] is not None else 0.0
     mb = res["max_batch"]

@@ -2,7 +2,8 @@
 
 Asks the endpoint for ``/v1/models`` (OpenAI), ``/version`` (vLLM) and ``/props`` (llama.cpp, a
 few fields), and records the ``Server`` header. A question the server cannot answer is recorded as
-an error string, never raised.
+an error string, never raised. The endpoint's credentials are sent with each question and masked
+in what is returned (``fairlib.client.endpoint.redact``).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import urllib.error
 import urllib.request
 from importlib import metadata
 
+from fairlib.client.endpoint import mask_url, redact
 from fairlib.paths import repo_root
 
 __all__ = ["collect_env", "fetch_json"]
@@ -27,10 +29,10 @@ PROPS_KEYS = ("build_info", "model_path", "total_slots", "n_ctx", "model_alias")
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def fetch_json(url: str, timeout_s: float = 3.0) -> dict:
-    """``{"status", "server", "body"}`` or ``{"error": ...}`` for one GET."""
+def fetch_json(url: str, timeout_s: float = 3.0, headers: dict | None = None) -> dict:
+    """``{"status", "server", "body"}`` or ``{"error": ...}`` for one GET (with ``headers``)."""
     try:
-        with _opener.open(url, timeout=timeout_s) as r:
+        with _opener.open(urllib.request.Request(url, headers=dict(headers or {})), timeout=timeout_s) as r:
             raw = r.read(1 << 20)
             try:
                 body = json.loads(raw)
@@ -65,11 +67,13 @@ def _git_commit() -> str | None:
 
 
 def collect_env(endpoint) -> dict:
-    """Client environment plus the endpoint's model list and version, as far as it tells."""
+    """Client environment plus the endpoint's model list and version, as far as it tells; no
+    secret of ``endpoint`` in it."""
     root = endpoint.server_root
-    models = fetch_json(endpoint.base_url.rstrip("/") + "/models")
-    version = fetch_json(root + "/version")
-    props = fetch_json(root + "/props")
+    auth = {**endpoint.headers, **endpoint.auth_headers}
+    models = fetch_json(endpoint.plain_base_url.rstrip("/") + "/models", headers=auth)
+    version = fetch_json(root + "/version", headers=auth)
+    props = fetch_json(root + "/props", headers=auth)
     if isinstance(props.get("body"), dict):
         props["body"] = {k: props["body"][k] for k in PROPS_KEYS if k in props["body"]}
     server_version = None
@@ -77,7 +81,7 @@ def collect_env(endpoint) -> dict:
         server_version = version["body"].get("version")
     elif isinstance(props.get("body"), dict):
         server_version = props["body"].get("build_info")
-    return {
+    return redact({
         "collected_wall": time.time(),
         "python": sys.version,
         "platform": platform.platform(),
@@ -87,7 +91,7 @@ def collect_env(endpoint) -> dict:
         "packages": _versions(),
         "fairlib_git_commit": _git_commit(),
         "endpoint": {
-            "base_url": endpoint.base_url,
+            "base_url": mask_url(endpoint.base_url),
             "model": endpoint.model,
             "server_version": server_version,
             "server_header": models.get("server") or version.get("server"),
@@ -95,4 +99,4 @@ def collect_env(endpoint) -> dict:
             "version": version,
             "props": props,
         },
-    }
+    }, endpoint.secrets)

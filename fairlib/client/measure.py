@@ -3,24 +3,65 @@
 ``run`` opens the run directory (``config.json``, ``env.json`` first), sends the schedule in this
 process (``fairlib.client.runner``) or sharded over worker processes (``fairlib.client.workers``),
 appends ``records.jsonl`` as requests complete, samples ``/metrics`` and writes ``summary.json``
-last.
+last, also when the run ends early: on SIGINT or SIGTERM (``RunStop``: in-flight requests are
+recorded as ``interrupted``, the summary names the signal in ``stopped_by``) and on an exception
+(written, then re-raised).
 """
 from __future__ import annotations
 
 import gc
+import os
+import signal
+import threading
 import time
 from typing import Optional
 
-from fairlib.client.endpoint import EndpointConfig
+from fairlib.client.endpoint import EndpointConfig, redact
 from fairlib.client.env import collect_env as collect_env_json
 from fairlib.client.prom import MetricsScraper
 from fairlib.client.runner import READ_BUFSIZE, run_inprocess
 from fairlib.client.schedule import Schedule
-from fairlib.client.workers import run_sharded
+from fairlib.client.workers import SIGNALS, run_sharded
 from fairlib.records.rundir import RunDir
 from fairlib.records.summary import summarize
 
-__all__ = ["run"]
+__all__ = ["run", "RunStop", "max_workers"]
+
+
+def max_workers() -> int:
+    """The most client processes a run may use: the CPU count (more only compete for the cores)."""
+    return os.cpu_count() or 1
+
+
+class RunStop:
+    """The first SIGINT or SIGTERM of a run: ``signal`` is its name (``None`` until one arrives).
+
+    ``install()`` puts the handler on both signals (from the main thread; elsewhere Python allows
+    no handler and it does nothing), ``restore()`` puts the previous handlers back. The handler
+    only records the name, so it is safe whatever the process is doing; the senders poll
+    :meth:`is_set` (``runner.run_inprocess``, ``workers.run_sharded``)."""
+
+    def __init__(self):
+        self.signal: Optional[str] = None
+        self._old: dict = {}
+
+    def _handler(self, signum, frame) -> None:
+        if self.signal is None:
+            self.signal = signal.Signals(signum).name
+
+    def is_set(self) -> bool:
+        return self.signal is not None
+
+    def install(self) -> "RunStop":
+        if threading.current_thread() is threading.main_thread():
+            for s in SIGNALS:
+                self._old[s] = signal.signal(s, self._handler)
+        return self
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, signal.SIG_DFL if h is None else h)
+        self._old.clear()
 
 
 
@@ -41,15 +82,36 @@ def run(schedule, endpoint: EndpointConfig, run_dir, *, workers: int = 1, lag_th
     Writes ``config.json`` and ``env.json`` first, appends ``records.jsonl`` as requests complete,
     samples ``/metrics`` into ``server_metrics.jsonl`` at ``1/metrics_interval_s`` Hz, and writes
     ``summary.json`` last. ``workers > 1`` shards the schedule round-robin over that many
-    processes (spawn; the calling script needs an ``if __name__ == "__main__":`` guard). Ctrl-C
-    (SIGINT) stops cleanly: unsent requests are dropped, in-flight ones recorded as ``interrupted``,
-    and the summary says ``"interrupted": true``.
+    processes (spawn; the calling script needs an ``if __name__ == "__main__":`` guard), at most
+    :func:`max_workers`.
+
+    ``handle_sigint``: the first SIGINT or SIGTERM, however early (also while the workers
+    start), stops the run cleanly: unsent requests are dropped, in-flight ones recorded as
+    ``interrupted``, the summary says ``"interrupted": true`` and ``"stopped_by": "SIGTERM"``
+    (or ``"SIGINT"``), and ``run`` returns it; the caller decides what to do next (``fairlib run``
+    exits 130 / 143). Without it, a KeyboardInterrupt (or any exception) still leaves a summary
+    (``stopped_by`` its name) and is re-raised. The summary is ``valid`` only for a complete run
+    with at least one success and the schedule kept (``fairlib.records.summary``).
     """
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+    if not 1 <= workers <= max_workers():
+        raise ValueError(f"workers must be between 1 and {max_workers()} (the CPU count), got {workers}")
     if not isinstance(schedule, Schedule):
         schedule = Schedule(schedule)
     _check(schedule, endpoint)
+    stop = RunStop()
+    if handle_sigint:
+        stop.install()
+    try:
+        return _run(schedule, endpoint, run_dir, stop, workers=workers, lag_threshold_ms=lag_threshold_ms,
+                    scrape_metrics=scrape_metrics, metrics_interval_s=metrics_interval_s,
+                    start_delay_s=start_delay_s, spin_s=spin_s, collect_env=collect_env,
+                    config_extra=config_extra, overwrite=overwrite)
+    finally:
+        stop.restore()
+
+
+def _run(schedule, endpoint, run_dir, stop: RunStop, *, workers, lag_threshold_ms, scrape_metrics,
+         metrics_interval_s, start_delay_s, spin_s, collect_env, config_extra, overwrite) -> dict:
     rd = RunDir(run_dir, overwrite=overwrite)
     rows = []
     writer = rd.records_writer()
@@ -66,9 +128,9 @@ def run(schedule, endpoint: EndpointConfig, run_dir, *, workers: int = 1, lag_th
                      "requested_rate_rps": schedule.rate_rps, "duration_s": schedule.duration_s},
         "extra": config_extra or {},
     }
-    rd.write_json("config.json", config)
+    rd.write_json("config.json", redact(config, endpoint.secrets))   # no credential on disk
     if collect_env:
-        rd.write_json("env.json", collect_env_json(endpoint))
+        rd.write_json("env.json", redact(collect_env_json(endpoint), endpoint.secrets))
 
     scraper = None
     t0_box = {}
@@ -83,16 +145,19 @@ def run(schedule, endpoint: EndpointConfig, run_dir, *, workers: int = 1, lag_th
 
     gc.collect()
     gc.freeze()  # full collections skip everything allocated so far: shorter pauses mid-run
+    interrupted, failures, error = False, [], None
     try:
-        if workers == 1:
+        if stop.is_set():   # a signal before the start: nothing is sent
+            interrupted = True
+        elif workers == 1:
             t0 = time.time() + start_delay_s
             on_start(t0)
-            res = run_inprocess(schedule, endpoint, on_record, t0, spin_s=spin_s, handle_sigint=handle_sigint)
-            interrupted, failures = res["interrupted"], []
+            interrupted = run_inprocess(schedule, endpoint, on_record, t0, spin_s=spin_s, stop=stop)["interrupted"]
         else:
             interrupted, failures = run_sharded(schedule, endpoint, workers, on_record, on_start,
-                                                start_delay_s=start_delay_s, spin_s=spin_s,
-                                                handle_sigint=handle_sigint)
+                                                start_delay_s=start_delay_s, spin_s=spin_s, stop=stop)
+    except BaseException as e:   # KeyboardInterrupt (no handler of ours), a bug: the summary still says so
+        interrupted, error = True, e
     finally:
         gc.unfreeze()
         writer.close()
@@ -100,8 +165,15 @@ def run(schedule, endpoint: EndpointConfig, run_dir, *, workers: int = 1, lag_th
     t0 = t0_box.get("t0", time.time())
     summary = summarize(rows, n_planned=len(schedule), requested_rate_rps=schedule.rate_rps,
                         lag_threshold_ms=lag_threshold_ms, interrupted=interrupted,
+                        stopped_by=stop.signal or (type(error).__name__ if error is not None else None),
                         t0_wall=t0, t_end_wall=time.time())
+    if failures:
+        why = f"{len(failures)} worker failure(s) (worker_failures)"
+        summary["valid_reason"] = why if summary["valid"] else f"{summary['valid_reason']}; {why}"
+        summary["valid"] = False
     summary.update(workers=workers, worker_failures=failures, server_metrics=scrape_stats,
                    schedule_sha256=config["schedule"]["sha256"])
     rd.write_json("summary.json", summary)
+    if error is not None:
+        raise error
     return summary

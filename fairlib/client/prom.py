@@ -1,22 +1,38 @@
-"""The endpoint's Prometheus ``/metrics``: a text-format parser and a 1 Hz background sampler.
+"""The endpoint's Prometheus ``/metrics``: a text-format parser and a sampler in its own process.
 
 ``parse_prometheus`` keeps sample lines whose metric name starts with ``vllm:`` or ``llamacpp:``
 and returns ``{"name{labels}": value}`` (labels as the server wrote them; NaN and infinities become
-``None`` so the output is strict JSON). ``MetricsScraper`` appends one line per sample to
-``server_metrics.jsonl``: ``{"t": run seconds, "wall": unix time, "metrics": {...}}``. The
-engine's metrics have no tenant label: per-tenant numbers come from the client's records.
+``None`` so the output is strict JSON). The engine's metrics have no tenant label: per-tenant
+numbers come from the client's records.
+
+``MetricsScraper`` samples in a child process (``python -I prom.py``: this file, standard library
+only), so that neither the GET nor the text it returns costs the send loop anything: vLLM's
+histograms took the old in-process sampler up to 1.3 s to parse, holding the interpreter. The
+child appends one JSON line per sample to ``<path stem>.raw.jsonl`` as it goes, ``{"t": run
+seconds, "wall": unix time, "elapsed_s", "text"}`` (or ``"error"`` instead of ``"text"``), flushed
+at once: nothing measured is lost if the run dies. ``stop()`` ends the child (a last sample first)
+and parses the raw text into ``path`` (``server_metrics.jsonl``: ``{"t", "wall", "metrics"}`` per
+sample); ``parse_raw`` does the same for a raw file a dead run left. The child exits when the
+parent dies (``PR_SET_PDEATHSIG``) or closes its stdin, and ignores SIGINT (the parent's Ctrl-C
+handling stops it).
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
-import threading
+import os
+import select
+import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Optional
 
-__all__ = ["parse_prometheus", "MetricsScraper", "PREFIXES"]
+__all__ = ["parse_prometheus", "parse_raw", "raw_path_for", "MetricsScraper", "PREFIXES"]
 
 PREFIXES = ("vllm:", "llamacpp:")
 
@@ -64,63 +80,150 @@ def parse_prometheus(text: str, prefixes=PREFIXES) -> dict:
     return out
 
 
+def raw_path_for(path) -> Path:
+    """Where the raw samples behind ``path`` go: ``server_metrics.jsonl`` -> ``server_metrics.raw.jsonl``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.raw{path.suffix}")
+
+
+def parse_raw(raw_path, out_path, prefixes=PREFIXES) -> dict:
+    """Parse the raw samples at ``raw_path`` into ``out_path`` (one ``{"t", "wall", "metrics"}``
+    line per answered sample; a torn last line is skipped). Returns ``{"samples", "errors",
+    "last_error"}``."""
+    samples, errors, last_error = 0, 0, None
+    raw_path = Path(raw_path)
+    lines = raw_path.read_bytes().split(b"\n")[:-1] if raw_path.exists() else []
+    with open(out_path, "w", encoding="utf-8") as out:
+        for line in lines:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            if "text" not in r:
+                errors += 1
+                last_error = r.get("error")
+                continue
+            m = parse_prometheus(r["text"], prefixes)
+            out.write(json.dumps({"t": r["t"], "wall": r["wall"], "metrics": m}, separators=(",", ":")) + "\n")
+            samples += 1
+    return {"samples": samples, "errors": errors, "last_error": last_error}
+
+
+# --- the sampler ------------------------------------------------------------------------------
+
 class MetricsScraper:
-    """Samples ``url`` every ``interval_s`` in a daemon thread until ``stop()``."""
+    """Samples ``url`` every ``interval_s`` from ``t0_wall`` on, in a child process, until
+    ``stop()``; the raw answers go to ``raw_path_for(path)``, their parse to ``path``."""
 
     def __init__(self, url: str, path, t0_wall: float, interval_s: float = 1.0, timeout_s: float = 2.0,
                  prefixes=PREFIXES):
-        self.url, self.path, self.t0_wall = url, path, t0_wall
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        self.url, self.path, self.t0_wall = url, Path(path), t0_wall
+        self.raw_path = raw_path_for(self.path)
         self.interval_s, self.timeout_s, self.prefixes = interval_s, timeout_s, prefixes
-        self.samples, self.errors, self.last_error = 0, 0, None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="fairlib-metrics", daemon=True)
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        self._file = None
-        self._disabled = False
+        self.proc: Optional[subprocess.Popen] = None
+        self.start_error: Optional[str] = None
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc is not None else None
 
     def start(self) -> "MetricsScraper":
-        self._file = open(self.path, "a", encoding="utf-8")
-        self._thread.start()
+        self.raw_path.write_bytes(b"")
+        conf = {"url": self.url, "raw_path": str(self.raw_path), "t0_wall": self.t0_wall,
+                "interval_s": self.interval_s, "timeout_s": self.timeout_s, "parent": os.getpid()}
+        try:
+            # -I: no PYTHONPATH, user site or script folder on the path (this file needs the stdlib only)
+            self.proc = subprocess.Popen([sys.executable, "-I", str(Path(__file__).resolve())],
+                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True)
+            self.proc.stdin.write((json.dumps(conf) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError as e:
+            self.start_error = f"{type(e).__name__}: {e}"
+            self._kill()
         return self
 
-    def scrape_once(self) -> Optional[dict]:
-        if self._disabled:
-            return None
-        wall = time.time()
-        try:
-            with self._opener.open(self.url, timeout=self.timeout_s) as r:
-                text = r.read().decode("utf-8", "replace")
-        except urllib.error.HTTPError as e:
-            self.errors += 1
-            self.last_error = f"HTTP {e.code}"
-            if e.code == 404:
-                self._disabled = True  # the server has no /metrics
-            return None
-        except (OSError, ValueError) as e:
-            self.errors += 1
-            self.last_error = f"{type(e).__name__}: {e}"
-            return None
-        line = {"t": wall - self.t0_wall, "wall": wall, "metrics": parse_prometheus(text, self.prefixes)}
-        self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
-        self._file.flush()
-        self.samples += 1
-        return line
-
-    def _loop(self):
-        nxt = max(time.time(), self.t0_wall)
-        while not self._stop.wait(max(0.0, nxt - time.time())):
-            self.scrape_once()
-            nxt += self.interval_s
-            if nxt < time.time():
-                nxt = time.time() + self.interval_s
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self) -> dict:
-        """Stop, take one last sample, close the file; returns counts."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self.timeout_s + 1)
-        if self._file is not None:
-            self.scrape_once()
-            self._file.close()
-            self._file = None
-        return {"url": self.url, "samples": self.samples, "errors": self.errors, "last_error": self.last_error}
+        """End the child (it takes one last sample first), parse what it saved; returns counts."""
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()          # the child's signal to stop
+            except OSError:
+                pass
+            try:
+                self.proc.wait(self.timeout_s + 5)
+            except subprocess.TimeoutExpired:
+                self._kill()
+        stats = parse_raw(self.raw_path, self.path, self.prefixes)
+        if self.start_error and stats["last_error"] is None:
+            stats["errors"] += 1
+            stats["last_error"] = self.start_error
+        return {"url": self.url, **stats, "raw": self.raw_path.name}
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGTERM this process when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``); exit now if
+    it already has."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        sys.exit(0)
+
+
+def _sample(opener, url: str, t0_wall: float, timeout_s: float, out) -> bool:
+    """One GET, its raw text (or error) appended to ``out``; False when the server has no ``/metrics``."""
+    wall = time.time()
+    line = {"t": wall - t0_wall, "wall": wall}
+    found = True
+    try:
+        with opener.open(url, timeout=timeout_s) as r:
+            line["text"] = r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        line["error"] = f"HTTP {e.code}"
+        found = e.code != 404
+    except (OSError, ValueError) as e:
+        line["error"] = f"{type(e).__name__}: {e}"
+    line["elapsed_s"] = time.time() - wall
+    out.write(json.dumps(line, separators=(",", ":")) + "\n")
+    out.flush()
+    return found
+
+
+def _child_main() -> int:
+    """The child: the settings on stdin's first line; stdin's end (or the parent's death) stops it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    line = sys.stdin.buffer.readline()
+    if not line:
+        return 0
+    conf = json.loads(line)
+    _die_with_parent(conf["parent"])
+    url, t0, dt, timeout_s = conf["url"], conf["t0_wall"], conf["interval_s"], conf["timeout_s"]
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    live = True
+    with open(conf["raw_path"], "a", encoding="utf-8") as out:
+        nxt = max(time.time(), t0)
+        while True:
+            ready, _, _ = select.select([sys.stdin.fileno()], [], [], max(0.0, nxt - time.time()))
+            if ready and not os.read(sys.stdin.fileno(), 4096):
+                break                            # the parent closed stdin (or died): stop
+            if ready:
+                continue
+            if live:
+                live = _sample(opener, url, t0, timeout_s, out)
+            nxt += dt
+            if nxt < time.time():
+                nxt = time.time() + dt
+        if live:
+            _sample(opener, url, t0, timeout_s, out)   # a last sample at the end of the run
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main())

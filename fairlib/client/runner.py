@@ -2,7 +2,8 @@
 
 Requests leave at their ABSOLUTE intended times (``RunClock``: ``perf_counter`` against one shared
 start time; ``asyncio.sleep`` to 1 ms before, then a cooperative spin), each in its own task: a
-send never waits for an earlier response, so a slow server cannot lower the offered load. Every
+send never waits for an earlier response, so a slow server cannot lower the offered load. HTTP is
+``fairlib.client.http1``: keep-alive connections, each read parsed and timestamped as it arrives. Every
 outcome is a record (``records.py``), never an exception. ``run`` writes a run directory; with
 ``workers=N`` the schedule is split round-robin over N processes aligned to one start time.
 """
@@ -10,20 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import threading
 import time
 from typing import Callable, Optional
 
-import aiohttp
-
 from fairlib.client.endpoint import EndpointConfig, build_request
-from fairlib.client.sse import DONE, MalformedSSE, SSEParser, StreamAccumulator, StreamError, decode_payload
+from fairlib.client.http1 import ConnectError, HttpSession
+from fairlib.client.sse import (DONE, MalformedSSE, SSEParser, StreamAccumulator, StreamError,
+                                UnexpectedContentType, decode_event, loads_finite)
 from fairlib.records.schema import classify_status, finish_record, new_record
 
 __all__ = ["RunClock", "send_request", "send_shard"]
 
-READ_BUFSIZE = 2 ** 20  # aiohttp's 64 KiB default collapsed throughput at long contexts (vllm#39963)
+STOP_POLL_S = 0.02   # how often a shard looks at its run's stop flag (a signal's, a parent's)
+READ_BUFSIZE = 2 ** 20  # recorded in config.json; the client parses each read as it arrives, no buffer cap
+# (aiohttp's 64 KiB default read buffer collapsed throughput at long contexts, vllm#39963)
 
 
 class RunClock:
@@ -57,7 +59,7 @@ async def pace_until(clock: RunClock, t: float, spin_s: float = 1e-3) -> None:
 
 async def _error_text(resp, limit: int = 4096) -> str:
     try:
-        raw = await resp.content.read(limit)
+        raw = await resp.read(limit)
     except Exception:  # the body is only for the message
         return ""
     text = raw.decode("utf-8", "replace")
@@ -73,38 +75,57 @@ async def _error_text(resp, limit: int = 4096) -> str:
 def _feed(events, acc: StreamAccumulator, t: float) -> bool:
     """Apply events to the accumulator; True once ``[DONE]`` arrives."""
     for ev in events:
-        payload = decode_payload(ev)
+        payload, nonfinite = decode_event(ev)
         if payload is DONE:
             acc.done = True
             return True
-        acc.add(payload, t)
+        acc.add(payload, t, nonfinite)
     return False
 
 
 async def _consume(resp, acc: StreamAccumulator, clock: RunClock) -> None:
+    """Read a 200 answer: an SSE stream (``text/event-stream``), or one JSON body from a server
+    that ignored ``stream=True``; any other content type is ``UnexpectedContentType``."""
     if resp.content_type == "application/json":  # a server that ignored stream=True
         raw = await resp.read()
         try:
-            payload = json.loads(raw)
-        except ValueError as e:
+            payload, nonfinite = loads_finite(raw)
+        except (ValueError, RecursionError) as e:
             raise MalformedSSE(f"non-stream body is not JSON: {e}") from None
-        acc.add(payload, clock.now())
+        if not isinstance(payload, dict):
+            raise MalformedSSE(f"non-stream body is not a JSON object: {raw[:200]!r}")
+        acc.streamed = False
+        acc.add(payload, clock.now(), nonfinite)
         acc.done = True
         return
+    if resp.content_type != "text/event-stream":
+        head = await resp.read(200)
+        raise UnexpectedContentType(f"HTTP 200 with Content-Type {resp.headers.get('Content-Type', '(none)')!r}, "
+                                    f"not text/event-stream; body starts {head!r}")
+    acc.streamed = True
     parser = SSEParser()
-    async for data in resp.content.iter_any():
-        if _feed(parser.feed(data), acc, clock.now()):
-            return
-    _feed(parser.flush(), acc, clock.now())
+    # each read is parsed as it arrives, stamped with its arrival time (fairlib.client.http1)
+    if not await resp.stream(lambda data, t: _feed(parser.feed(data), acc, t)):
+        _feed(parser.flush(), acc, clock.now())
 
 
 def _classify_end(rec: dict, acc: StreamAccumulator) -> None:
+    """A complete 200 answer's class: ``disconnect`` (no end), ``nonfinite_number`` (NaN/Infinity
+    in its JSON), ``over_max_tokens`` (more tokens claimed than asked), ``short_stream`` (fewer),
+    else ``none``."""
     if not acc.done and acc.finish_reason is None:
         rec["error_class"] = "disconnect"
         rec["error_message"] = "stream ended without [DONE] or a finish_reason"
         return
     n, want = acc.completion_tokens, rec["max_tokens"]
-    if n is not None and n < want:
+    if acc.nonfinite:
+        rec["error_class"] = "nonfinite_number"
+        rec["error_message"] = ("NaN/Infinity in the server's JSON (read as null): "
+                                + ", ".join(acc.nonfinite))[:2000]
+    elif n is not None and want is not None and n > want:
+        rec["error_class"] = "over_max_tokens"
+        rec["error_message"] = f"completion_tokens {n} > max_tokens {want} ({acc.tokens_source}): the count is not trusted"
+    elif n is not None and n < want:
         rec["error_class"] = "short_stream"
         rec["error_message"] = f"completion_tokens {n} < max_tokens {want} ({acc.tokens_source})"
     elif n is None and acc.finish_reason != "length":
@@ -117,7 +138,7 @@ def _fail(rec: dict, cls: str, e: BaseException) -> None:
     rec["error_message"] = f"{type(e).__name__}: {e}"[:2000]
 
 
-async def send_request(session: aiohttp.ClientSession, req, cfg: EndpointConfig, clock: RunClock,
+async def send_request(session: HttpSession, req, cfg: EndpointConfig, clock: RunClock,
                        worker: int = 0) -> dict:
     """Send one planned request now and return its record (never raises, even when cancelled)."""
     rec = new_record(req, worker)
@@ -126,8 +147,10 @@ async def send_request(session: aiohttp.ClientSession, req, cfg: EndpointConfig,
     try:
         url, headers, body = build_request(req, cfg)
         rec["actual_send_s"] = clock.now()
-        async with session.post(url, data=body, headers=headers, allow_redirects=False) as resp:
+        async with session.post(url, data=body, headers=headers, now=clock.now) as resp:
             rec["http_status"] = resp.status
+            if resp.retried:   # the server closed the idle connection as the request left: sent again
+                rec["error_message"] = f"retried on a new connection ({resp.retried})"
             if resp.status != 200:
                 rec["error_class"] = classify_status(resp.status)
                 rec["error_message"] = f"HTTP {resp.status}: {await _error_text(resp)}"[:2000]
@@ -140,16 +163,16 @@ async def send_request(session: aiohttp.ClientSession, req, cfg: EndpointConfig,
         rec["error_message"] = "run stopped while the request was in flight"
     except MalformedSSE as e:
         _fail(rec, "malformed_sse", e)
+    except UnexpectedContentType as e:
+        _fail(rec, "bad_content_type", e)
     except StreamError as e:
         _fail(rec, classify_status(e.code) if e.code and e.code >= 400 else "http_5xx", e)
-    except aiohttp.ClientConnectorError as e:
+    except ConnectError as e:
         _fail(rec, "connect_error", e)
-    except TimeoutError as e:  # asyncio.TimeoutError and aiohttp's timeout errors
+    except TimeoutError as e:  # the whole request's limit (or the connect limit)
         _fail(rec, "timeout", e)
-        rec["error_message"] = f"no complete answer within {cfg.timeout_s} s ({type(e).__name__})"
-    except aiohttp.InvalidURL as e:
-        _fail(rec, "connect_error", e)
-    except (aiohttp.ClientError, ConnectionError, OSError) as e:
+        rec["error_message"] = f"no complete answer within {cfg.timeout_s} s ({type(e).__name__}: {e})"
+    except (ConnectionError, OSError) as e:  # fairlib.client.http1.Disconnected, resets
         _fail(rec, "disconnect", e)
     except Exception as e:  # a client bug: still a record, never a crash
         _fail(rec, "client_error", e)
@@ -160,11 +183,11 @@ async def send_request(session: aiohttp.ClientSession, req, cfg: EndpointConfig,
 
 # --- one shard (one event loop) ---------------------------------------------------------------
 
-def make_session(cfg: EndpointConfig) -> aiohttp.ClientSession:
-    """A session without a connection cap (open loop) and with a 1 MiB read buffer."""
-    timeout = aiohttp.ClientTimeout(total=cfg.timeout_s, sock_connect=cfg.connect_timeout_s)
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE)
+def make_session(cfg: EndpointConfig) -> HttpSession:
+    """A session without a connection cap (open loop); idle connections are kept ``KEEPALIVE_S``
+    (below the servers' idle timeouts), and a request that meets a connection the server closed
+    as it left is sent once more (``fairlib.client.http1``)."""
+    return HttpSession(timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s)
 
 
 async def send_shard(requests, cfg: EndpointConfig, clock: RunClock, on_record: Callable[[dict], None],
@@ -194,6 +217,8 @@ async def send_shard(requests, cfg: EndpointConfig, clock: RunClock, on_record: 
             for req in requests:
                 if req.send_offset_s > clock.now():
                     await pace_until(clock, req.send_offset_s, spin_s)
+                if stop.is_set():   # stopped while this one was due: it and the rest are never sent
+                    return
                 task = asyncio.create_task(one(req))
                 inflight.add(task)
                 task.add_done_callback(done)
@@ -225,24 +250,26 @@ def _in_running_loop() -> bool:
 
 
 def run_inprocess(schedule, cfg: EndpointConfig, on_record, t0_wall: float, *, spin_s: float = 1e-3,
-                  handle_sigint: bool = True) -> dict:
-    """One event loop in this process (in a helper thread when a loop already runs here, e.g. Jupyter)."""
+                  stop=None) -> dict:
+    """One event loop in this process (in a helper thread when a loop already runs here, e.g. Jupyter).
+
+    ``stop``: anything with ``is_set()`` (``measure.RunStop``, set by a signal handler), polled
+    every ``STOP_POLL_S``; once set, the shard stops as ``send_shard``'s ``stop`` does."""
 
     async def main():
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        installed = False
-        if handle_sigint and threading.current_thread() is threading.main_thread():
-            try:
-                loop.add_signal_handler(signal.SIGINT, stop.set)
-                installed = True
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
+        st = asyncio.Event()
+
+        async def watch():
+            while not stop.is_set():
+                await asyncio.sleep(STOP_POLL_S)
+            st.set()
+
+        watcher = asyncio.create_task(watch()) if stop is not None else None
         try:
-            return await send_shard(schedule, cfg, RunClock(t0_wall), on_record, spin_s=spin_s, stop=stop)
+            return await send_shard(schedule, cfg, RunClock(t0_wall), on_record, spin_s=spin_s, stop=st)
         finally:
-            if installed:
-                loop.remove_signal_handler(signal.SIGINT)
+            if watcher is not None:
+                watcher.cancel()
 
     if not _in_running_loop():
         return asyncio.run(main())

@@ -2,15 +2,30 @@
 
 ``SSEParser`` turns bytes (split anywhere) into ``SSEEvent``s: ``data:`` lines (joined by ``\\n``
 when an event has several), ``:`` comments skipped, LF / CRLF / CR line ends, one event per blank
-line. ``decode_payload`` turns an event into a JSON object or ``DONE``; anything else is a
-``MalformedSSE``.
+line. ``decode_event`` turns an event into a JSON object or ``DONE`` (with where it held
+non-finite numbers; ``decode_payload`` the object alone); anything else is a ``MalformedSSE``.
 
 ``StreamAccumulator`` folds the decoded chunks of one response into the facts a record needs:
 the arrival time and token count of each token-bearing chunk (completions ``choices[0].text``,
 chat ``choices[0].delta.content``; a chat role-only chunk carries no token), ``finish_reason``,
 ``usage`` (vLLM's ``choices: []`` chunk, llama.cpp's final chunk), llama.cpp's ``timings``, and
-token ids (vLLM ``return_token_ids``). A chunk counts ``len(token_ids)`` tokens when the server
-sends ids, else 1; the completion length comes from ``usage`` or token ids, never from chunks.
+token ids (vLLM ``return_token_ids``). The completion length comes from ``usage`` or token ids,
+never from chunks; the tokens of each chunk (``chunk_tokens``) come from the first source the
+server gives for every token chunk (``StreamAccumulator.resolve_chunk_tokens``):
+
+1. ``usage``: per-chunk usage (vLLM ``continuous_usage_stats``): the chunk's tokens are the rise
+   of the cumulative ``usage.completion_tokens`` since the chunk before;
+2. ``token_ids``: ``len(token_ids)``;
+3. ``text``: the chunk's whitespace-separated words ``w_i`` (at least 1). When the total ``N``
+   is known (``usage``, or token ids on some chunks) and ``N >= k`` (the number of token
+   chunks), chunk ``i`` gets ``1 + e_i``, the ``N - k`` extra tokens ``e_i`` shared in
+   proportion to ``w_i - 1`` (to the text's characters when every chunk is one word) by largest
+   remainder: the counts sum to ``N`` and equal ``w_i`` whenever ``sum(w_i) = N``. When
+   ``N < k``, ``N`` is shared in proportion to ``w_i``; when ``N`` is unknown, the counts are ``w_i``.
+
+JSON is read strictly enough to keep records writable: ``NaN``, ``Infinity`` and ``-Infinity``
+(not JSON, but Python's ``json`` accepts them) become ``None``, and where they were is kept
+(``StreamAccumulator.nonfinite``: ``"usage.completion_tokens=NaN"``) for the record to flag.
 """
 from __future__ import annotations
 
@@ -20,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 __all__ = [
-    "DONE", "SSEEvent", "SSEParser", "MalformedSSE", "StreamError",
-    "decode_payload", "ChunkInfo", "interpret_chunk", "StreamAccumulator",
+    "DONE", "SSEEvent", "SSEParser", "MalformedSSE", "StreamError", "UnexpectedContentType",
+    "loads_finite", "decode_event", "decode_payload", "ChunkInfo", "interpret_chunk", "StreamAccumulator",
 ]
 
 _EOL = re.compile(rb"\r\n|\r|\n")
@@ -37,6 +52,10 @@ class StreamError(RuntimeError):
     def __init__(self, message: str, code: Optional[int] = None):
         super().__init__(message)
         self.code = code
+
+
+class UnexpectedContentType(ValueError):
+    """A 200 answer that is neither an SSE stream nor a JSON body (an HTML page from a proxy, ...)."""
 
 
 class _Done:
@@ -138,17 +157,59 @@ class SSEParser:
         return None  # "retry" and unknown fields are ignored, as the SSE spec says
 
 
-def decode_payload(event: SSEEvent):
-    """``DONE`` for ``[DONE]``, else the event's JSON object; ``MalformedSSE`` otherwise."""
+class _NonFinite:
+    """What ``NaN`` / ``Infinity`` / ``-Infinity`` parse to, until ``loads_finite`` nulls them."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+_STRICT = json.JSONDecoder(parse_constant=_NonFinite)
+MAX_NONFINITE = 20  # paths kept per record
+
+
+def _null_nonfinite(obj, path: str, found: list):
+    if isinstance(obj, _NonFinite):
+        found.append(f"{path or '$'}={obj.name}")
+        return None
+    if isinstance(obj, dict):
+        return {k: _null_nonfinite(v, f"{path}.{k}" if path else k, found) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_null_nonfinite(v, f"{path}[{i}]", found) for i, v in enumerate(obj)]
+    return obj
+
+
+def loads_finite(text) -> tuple:
+    """``(obj, nonfinite)``: ``text`` as JSON with every ``NaN``/``Infinity``/``-Infinity`` read as
+    ``None``; ``nonfinite`` lists where each was (``"usage.completion_tokens=NaN"``)."""
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode("utf-8")
+    if "NaN" not in text and "Infinity" not in text:  # the common case: nothing to walk
+        return json.loads(text), []
+    found: list = []
+    return _null_nonfinite(_STRICT.decode(text), "", found), found
+
+
+def decode_event(event: SSEEvent) -> tuple:
+    """``(DONE, [])`` for ``[DONE]``, else ``(JSON object, nonfinite)`` as ``loads_finite``
+    gives them; ``MalformedSSE`` when the data is not a JSON object."""
     if event.is_done:
-        return DONE
+        return DONE, []
     try:
-        obj = json.loads(event.data)
-    except ValueError as e:
+        obj, bad = loads_finite(event.data)
+    except (ValueError, RecursionError) as e:
         raise MalformedSSE(f"event data is not JSON ({e}): {event.data[:200]!r}") from None
     if not isinstance(obj, dict):
         raise MalformedSSE(f"event data is not a JSON object: {event.data[:200]!r}")
-    return obj
+    return obj, bad
+
+
+def decode_payload(event: SSEEvent):
+    """``DONE`` for ``[DONE]``, else the event's JSON object (non-finite numbers as ``None``);
+    ``MalformedSSE`` otherwise."""
+    return decode_event(event)[0]
 
 
 # --- chunk interpretation ---------------------------------------------------------------------
@@ -164,7 +225,7 @@ class ChunkInfo:
     """What one decoded chunk carried."""
 
     text: str = ""
-    n_tokens: int = 0
+    n_tokens: int = 0  # len(token_ids), else 1 with text (the record's counts: resolve_chunk_tokens)
     token_ids: Optional[list] = None
     finish_reason: Optional[str] = None
     usage: Optional[dict] = None
@@ -221,12 +282,24 @@ def interpret_chunk(payload: dict) -> ChunkInfo:
                      timings if isinstance(timings, dict) else None, extra or None)
 
 
+def _apportion(total: int, weights: list) -> list:
+    """``total`` split in proportion to ``weights`` by largest remainder (ties: the earlier)."""
+    w_sum = sum(weights)
+    if w_sum <= 0:
+        weights, w_sum = [1] * len(weights), len(weights)
+    quotas = [total * w / w_sum for w in weights]
+    out = [int(q) for q in quotas]
+    order = sorted(range(len(quotas)), key=lambda i: (out[i] - quotas[i], i))
+    for i in order[:total - sum(out)]:
+        out[i] += 1
+    return out
+
+
 @dataclass
 class StreamAccumulator:
     """Folds one response's chunks (with their arrival times) into timing and token facts."""
 
     chunk_times: list = field(default_factory=list)   # arrival of each token-bearing chunk
-    chunk_tokens: list = field(default_factory=list)  # tokens each carried
     finish_reason: Optional[str] = None
     usage: Optional[dict] = None
     server_timings: Optional[dict] = None
@@ -235,14 +308,34 @@ class StreamAccumulator:
     done: bool = False
     n_chunks: int = 0  # every decoded JSON chunk, token-bearing or not
     text_chars: int = 0
+    streamed: Optional[bool] = None  # True: an SSE stream; False: one JSON body (stream ignored)
+    nonfinite: list = field(default_factory=list)  # where NaN/Infinity were, as loads_finite says
+    # per token chunk, for resolve_chunk_tokens: token ids (None if absent), the cumulative
+    # usage.completion_tokens it carried (None if absent), its words and characters
+    _ids: list = field(default_factory=list, repr=False)
+    _usage_ct: list = field(default_factory=list, repr=False)
+    _words: list = field(default_factory=list, repr=False)
+    _chars: list = field(default_factory=list, repr=False)
+    _last_usage_ct: int = field(default=0, repr=False)
 
-    def add(self, payload: dict, t: float) -> ChunkInfo:
+    def add(self, payload: dict, t: float, nonfinite=()) -> ChunkInfo:
+        """Fold one decoded chunk arrived at run time ``t``; ``nonfinite`` as ``decode_event`` gives it."""
+        for where in nonfinite:  # each place once, at most MAX_NONFINITE
+            if where not in self.nonfinite and len(self.nonfinite) < MAX_NONFINITE:
+                self.nonfinite.append(where)
         info = interpret_chunk(payload)
         self.n_chunks += 1
+        ct = info.usage.get("completion_tokens") if info.usage is not None else None
+        ct = ct if isinstance(ct, int) and not isinstance(ct, bool) else None
         if info.is_token_chunk:
             self.chunk_times.append(t)
-            self.chunk_tokens.append(info.n_tokens)
             self.text_chars += len(info.text)
+            self._ids.append(None if info.token_ids is None else len(info.token_ids))
+            self._usage_ct.append(None if ct is None else ct - self._last_usage_ct)
+            self._words.append(max(1, len(info.text.split())))
+            self._chars.append(max(1, len(info.text)))
+        if ct is not None:
+            self._last_usage_ct = ct
         if info.token_ids is not None:
             self.saw_token_ids = True
             self.token_id_count += len(info.token_ids)
@@ -256,6 +349,30 @@ class StreamAccumulator:
             st.update(info.extra or {})
             self.server_timings = st
         return info
+
+    def resolve_chunk_tokens(self) -> tuple:
+        """``(tokens per token chunk, source)``, source ``"usage"``, ``"token_ids"`` or ``"text"``
+        (``None`` without token chunks): the rules in the module's docstring."""
+        if not self.chunk_times:
+            return [], None
+        if None not in self._usage_ct:
+            return list(self._usage_ct), "usage"
+        if None not in self._ids:
+            return list(self._ids), "token_ids"
+        words, k = self._words, len(self._words)
+        n = self.completion_tokens
+        if n is None or n == sum(words):
+            return list(words), "text"
+        if n < k:
+            return _apportion(n, words), "text"
+        extra = [w - 1 for w in words]
+        extra = _apportion(n - k, extra if sum(extra) > 0 else self._chars)
+        return [1 + e for e in extra], "text"
+
+    @property
+    def chunk_tokens(self) -> list:
+        """Tokens each token chunk carried (``resolve_chunk_tokens``)."""
+        return self.resolve_chunk_tokens()[0]
 
     @property
     def first_token_t(self) -> Optional[float]:

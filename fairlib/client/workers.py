@@ -2,38 +2,72 @@
 
 Each worker imports, opens its event loop and reports ready; the parent then picks the start
 time (now + ``start_delay_s``) and releases them all at once. Records come back through one queue
-and are written by the parent as they arrive. Workers ignore SIGINT; the parent turns Ctrl-C into
-a shared stop flag that each worker polls (every 20 ms), so in-flight requests still produce
-``interrupted`` records.
+and are written by the parent as they arrive.
+
+Stopping: the parent owns the run's stop flag (``measure.RunStop``: the first SIGINT or SIGTERM)
+and turns it into a shared stop event that each worker polls every ``STOP_POLL_S``; in-flight
+requests still produce ``interrupted`` records, unsent ones are dropped. A signal during start-up
+stops the workers before any request leaves. Workers start with SIGINT and SIGTERM blocked (a
+Ctrl-C to the whole process group cannot kill one mid-import) and then treat either as a stop of
+their own shard, which stops the run. A worker dies with its parent (``PR_SET_PDEATHSIG``, and a
+parent-pid check for the moment before it is set, or where prctl does not exist): a killed
+client leaves no process sending.
 """
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import multiprocessing as mp
+import os
 import queue
 import signal
-import threading
 import time
 import traceback
 
-from fairlib.client.runner import RunClock, send_shard
+from fairlib.client.runner import STOP_POLL_S, RunClock, send_shard
 
-__all__ = ["run_sharded"]
+__all__ = ["run_sharded", "SIGNALS"]
 
-READY_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = 120.0   # every worker imported and ready within this
+STOP_GRACE_S = 15.0       # after a stop, workers report within this, else they are terminated
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _worker_main(i, shard, endpoint, spin_s, q, go, stop, t0v):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent dies (Linux prctl ``PR_SET_PDEATHSIG``); exit now if
+    the parent already died (before the call, or where prctl does not exist it is checked later)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _worker_main(i, shard, endpoint, spin_s, q, go, stop, t0v, parent_pid):
+    _die_with_parent(parent_pid)
+    own = {"stop": False}
+
+    def on_signal(signum, frame):   # this worker's own SIGINT/SIGTERM: stop the shard (the run follows)
+        own["stop"] = True
+
+    for s in SIGNALS:
+        signal.signal(s, on_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)   # blocked by the parent while it spawned us
+
+    def stopped() -> bool:
+        if os.getppid() != parent_pid:   # orphaned (no prctl): nobody reads the records
+            os._exit(1)
+        return own["stop"] or stop.is_set()
+
     try:
         gc.collect()
         gc.freeze()
         q.put(("ready", i, None))
-        while not go.wait(0.05):
-            if stop.is_set():
-                break
-        if stop.is_set() and not go.is_set():
+        while not go.wait(STOP_POLL_S) and not stopped():
+            pass
+        if stopped():   # stopped before the start: not one request sent
             q.put(("done", i, {"interrupted": True}))
             return
         clock = RunClock(t0v.value)
@@ -42,8 +76,8 @@ def _worker_main(i, shard, endpoint, spin_s, q, go, stop, t0v):
             st = asyncio.Event()
 
             async def watch():
-                while not stop.is_set():
-                    await asyncio.sleep(0.02)
+                while not stopped():
+                    await asyncio.sleep(STOP_POLL_S)
                 st.set()
 
             watcher = asyncio.create_task(watch())
@@ -58,25 +92,40 @@ def _worker_main(i, shard, endpoint, spin_s, q, go, stop, t0v):
         q.put(("failed", i, traceback.format_exc()))
 
 
+class _Never:
+    def is_set(self) -> bool:
+        return False
+
+
 def run_sharded(schedule, endpoint, n: int, on_record, on_start, *, start_delay_s: float = 0.2,
-                spin_s: float = 1e-3, handle_sigint: bool = True) -> tuple:
-    """Run ``schedule`` over ``n`` processes; returns ``(interrupted, failures)``."""
+                spin_s: float = 1e-3, stop=None) -> tuple:
+    """Run ``schedule`` over ``n`` processes; returns ``(interrupted, failures)``.
+
+    ``stop``: the run's stop flag (anything with ``is_set()``, e.g. ``measure.RunStop``), read
+    every ``STOP_POLL_S`` from start-up on; once set no worker starts sending and the sending
+    ones stop. ``on_start(t0_wall)`` is called once, when the workers are released (not at all
+    when the run stops during start-up)."""
+    flag = stop if stop is not None else _Never()
     ctx = mp.get_context("spawn")
-    q, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
+    q, go, halt = ctx.Queue(), ctx.Event(), ctx.Event()
     t0v = ctx.Value("d", 0.0, lock=False)
     shards = schedule.shard(n)
-    procs = [ctx.Process(target=_worker_main, args=(i, shards[i], endpoint, spin_s, q, go, stop, t0v),
+    procs = [ctx.Process(target=_worker_main, args=(i, shards[i], endpoint, spin_s, q, go, halt, t0v, os.getpid()),
                          name=f"fairlib-client-{i}", daemon=True) for i in range(n)]
-    state = {"interrupted": False}
-    failures, done, ready = [], set(), set()
+    state = {"interrupted": False, "halted_at": None}
+    failures, done, ready, started = [], set(), set(), []
+    dead_at: dict = {}
 
-    def on_sigint(signum, frame):
-        state["interrupted"] = True
-        stop.set()
+    def halt_all(interrupted: bool) -> None:
+        state["interrupted"] |= interrupted
+        if not halt.is_set():
+            halt.set()   # set here, never in a signal handler (it takes a lock)
+            state["halted_at"] = time.monotonic()
 
-    old = None
-    if handle_sigint and threading.current_thread() is threading.main_thread():
-        old = signal.signal(signal.SIGINT, on_sigint)
+    def check_stop() -> bool:
+        if flag.is_set() and not halt.is_set():
+            halt_all(True)
+        return halt.is_set()
 
     def handle(msg):
         kind, i, payload = msg
@@ -86,7 +135,8 @@ def run_sharded(schedule, endpoint, n: int, on_record, on_start, *, start_delay_
             ready.add(i)
         elif kind == "done":
             done.add(i)
-            state["interrupted"] |= bool(payload and payload.get("interrupted"))
+            if payload and payload.get("interrupted"):
+                halt_all(True)   # one shard stopped early: the run is over
         elif kind == "failed":
             done.add(i)
             failures.append({"worker": i, "traceback": payload})
@@ -94,44 +144,56 @@ def run_sharded(schedule, endpoint, n: int, on_record, on_start, *, start_delay_
     def dead_without_word(grace_s=1.0):
         """Workers that exited without a done/failed message (after a grace period)."""
         now = time.monotonic()
-        for i, p in enumerate(procs):
+        for i, p in enumerate(started):
             if i not in done and p.exitcode is not None:
                 since = dead_at.setdefault(i, now)
                 if now - since > grace_s:
                     done.add(i)
                     failures.append({"worker": i, "traceback": f"exited with code {p.exitcode} without a report"})
 
-    dead_at: dict = {}
+    def pump(timeout_s=STOP_POLL_S):
+        try:
+            handle(q.get(timeout=timeout_s))
+        except queue.Empty:
+            dead_without_word()
+
     try:
-        for p in procs:
-            p.start()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)   # inherited: workers start immune
+        try:
+            for p in procs:
+                p.start()
+                started.append(p)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)       # a signal that came meanwhile lands now
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while len(ready | done) < n and not stop.is_set():
+        while len(ready | done) < n and not check_stop():
             if time.monotonic() > deadline:
-                stop.set()
                 failures.append({"worker": None, "traceback": "workers not ready in time"})
+                halt_all(False)
                 break
-            try:
-                handle(q.get(timeout=0.1))
-            except queue.Empty:
-                dead_without_word()
-        t0 = time.time() + (0.0 if stop.is_set() else start_delay_s)
-        t0v.value = t0
-        on_start(t0)
-        go.set()
+            pump()
+        if not check_stop():
+            t0 = time.time() + start_delay_s
+            t0v.value = t0
+            on_start(t0)
+            go.set()
         while len(done) < n:
-            try:
-                handle(q.get(timeout=0.2))
-            except queue.Empty:
-                dead_without_word()
+            if check_stop() and time.monotonic() - state["halted_at"] > STOP_GRACE_S:
+                failures.append({"worker": None, "traceback": f"workers still running {STOP_GRACE_S} s after the stop"})
+                break
+            pump()
     finally:
-        if len(done) < n:  # an exception in the parent: stop the workers
-            stop.set()
-        for p in procs:
-            p.join(timeout=10)
+        if len(done) < n:   # an exception in the parent, or workers that do not stop: stop them, keep their records
+            halt_all(False)
+            end = time.monotonic() + 5.0
+            while len(done) < n and time.monotonic() < end:
+                try:
+                    pump()
+                except Exception:
+                    break
+        for p in started:
+            p.join(timeout=5)
             if p.is_alive():
-                p.terminate()
+                p.kill()
                 p.join(timeout=5)
-        if old is not None:
-            signal.signal(signal.SIGINT, old)
     return state["interrupted"], failures

@@ -10,7 +10,6 @@ one code path for both backends:
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -25,7 +24,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from fairlib.records.rundir import RunDir, load_records
+from fairlib.records.rundir import RunDir, load_records, read_json
 from fairlib.records.schema import RECORD_FIELDS
 from fairlib.records.summary import summarize
 from fairlib.sim.simulate import SimResult
@@ -115,10 +114,14 @@ class Run:
         return float(s.max()) if len(s) and s.max() > 0 else float("nan")
 
 
-def records_summary(records: pd.DataFrame, config: Optional[dict] = None) -> dict:
+def records_summary(records: pd.DataFrame, config: Optional[dict] = None, finished: bool = True) -> dict:
     """``summary.json`` for records (the client's own ``summarize``): outcome counts, schedule
     lag, validity, requested vs achieved rate, and the backend the config records
-    (:func:`backend_of`: ``"unknown"`` when it records none)."""
+    (:func:`backend_of`: ``"unknown"`` when it records none).
+
+    The planned count is ``config["schedule"]["n_requests"]`` when the config has it, else the
+    number of records. ``finished=False``: the run never wrote its summary (a client killed
+    mid-run), so it is summarised as interrupted, never valid, and ``valid_reason`` says so."""
     config = config or {}
     sched = config.get("schedule") or {}
     rows = list(zip(records["intended_send_s"], [None if (x is None or (isinstance(x, float) and math.isnan(x))) else x
@@ -127,8 +130,11 @@ def records_summary(records: pd.DataFrame, config: Optional[dict] = None) -> dic
     if requested is None and len(records) > 1:
         s = records["intended_send_s"].astype(float)
         requested = (len(s) - 1) / (s.max() - s.min()) if s.max() > s.min() else None
-    out = summarize(rows, n_planned=len(records), requested_rate_rps=requested,
-                    lag_threshold_ms=float(config.get("lag_threshold_ms", 10.0)))
+    n_planned = sched.get("n_requests", len(records))
+    out = summarize(rows, n_planned=n_planned, requested_rate_rps=requested,
+                    lag_threshold_ms=float(config.get("lag_threshold_ms", 10.0)), interrupted=not finished)
+    if not finished:
+        out["valid_reason"] = "no summary.json (the run did not finish): " + out["valid_reason"]
     out["backend"] = backend_of(config)
     return out
 
@@ -185,12 +191,14 @@ def write_run_dir(records: pd.DataFrame, run_dir, config: dict, summary: Optiona
 
 
 def load_run(run_dir) -> Run:
-    """A run directory of either backend as a :class:`Run` (records via ``load_records``)."""
+    """A run directory of either backend as a :class:`Run` (records via ``load_records``). Without
+    ``summary.json`` (a client killed before writing it) the summary is rebuilt from the records
+    as an unfinished run: planned count from ``config.json``, interrupted, not valid."""
     p = Path(run_dir)
     if not (p / "records.jsonl").exists():
         raise ValueError(f"{p} is not a run directory (no records.jsonl)")
-    config = json.loads((p / "config.json").read_text(encoding="utf-8")) if (p / "config.json").exists() else {}
+    config = read_json(p / "config.json") if (p / "config.json").exists() else {}
     records = load_records(p)
-    summary = (json.loads((p / "summary.json").read_text(encoding="utf-8")) if (p / "summary.json").exists()
-               else records_summary(records, config))
+    summary = (read_json(p / "summary.json") if (p / "summary.json").exists()
+               else records_summary(records, config, finished=False))
     return Run(records, config, summary, path=str(p))

@@ -2,11 +2,13 @@
 
 Layout: ``config.json`` (fully resolved settings), ``env.json``, ``records.jsonl`` (one JSON line
 per request, appended and flushed as each completes: a crash loses nothing already measured),
-``server_metrics.jsonl`` (``/metrics`` samples) and ``summary.json`` (written last).
+``server_metrics.jsonl`` (``/metrics`` samples) and ``summary.json`` (written last). Reading a
+damaged file raises ``ValueError`` naming the file and the line.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from pathlib import Path
@@ -15,24 +17,68 @@ import pandas as pd
 
 from fairlib.records.schema import RECORD_FIELDS
 
-__all__ = ["RunDir", "RecordWriter", "load_records", "load_summary", "load_server_metrics", "read_jsonl"]
+__all__ = ["RunDir", "RecordWriter", "load_records", "load_summary", "load_server_metrics", "read_jsonl",
+           "read_json"]
+
+
+def _strict(obj, path: str, bad: list):
+    """``obj`` with what strict JSON cannot hold replaced: non-finite floats by ``None``, other
+    objects by their ``repr``, non-string keys by ``str``; ``bad`` gets each replaced path."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        bad.append(f"{path}={obj}")
+        return None
+    if obj is None or isinstance(obj, (str, int, float)):
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _strict(v, f"{path}.{k}", bad) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v, f"{path}[{i}]", bad) for i, v in enumerate(obj)]
+    bad.append(f"{path}={type(obj).__name__}")
+    return repr(obj)
 
 
 class RecordWriter:
-    """Appends one JSON line per record and flushes it at once (thread-safe)."""
+    """Appends one JSON line per record and flushes it at once (thread-safe).
+
+    ``write`` never fails silently, nor raises: a record strict JSON cannot hold (NaN, Infinity,
+    an object) is written with those values as ``null`` or text, and a record that cannot be
+    written at all (an OS error) is not; either way the record's ``error_class`` becomes
+    ``record_error`` in place (the caller counts it: the run is not valid) and ``failed`` counts it.
+    """
 
     def __init__(self, path):
         self.path = Path(path)
         self._f = open(self.path, "a", encoding="utf-8")
         self._lock = threading.Lock()
         self.count = 0
+        self.failed = 0
 
     def write(self, rec: dict) -> None:
-        line = json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
+        try:
+            line = json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
+        except (ValueError, TypeError, RecursionError) as e:
+            bad: list = []
+            try:
+                clean = _strict(rec, "", bad)
+            except RecursionError:  # nested too deeply: keep the plain fields
+                clean = {k: v for k, v in rec.items() if v is None or isinstance(v, (str, int))}
+            self._flag(rec, f"record not strict JSON ({type(e).__name__}: {e}); written with "
+                            + ", ".join(p.lstrip(".") for p in bad[:20]) + " as null/text")
+            clean.update(error_class=rec["error_class"], error_message=rec["error_message"])
+            line = json.dumps(clean, separators=(",", ":"), allow_nan=False) + "\n"
         with self._lock:
-            self._f.write(line)
-            self._f.flush()
-            self.count += 1
+            try:
+                self._f.write(line)
+                self._f.flush()
+                self.count += 1
+            except (OSError, ValueError) as e:  # a full disk, a closed file
+                self._flag(rec, f"record not written ({type(e).__name__}: {e})")
+
+    def _flag(self, rec: dict, why: str) -> None:
+        self.failed += 1
+        was = f" (was {rec.get('error_class')}: {rec.get('error_message')})" if rec.get("error_class") != "none" else ""
+        rec["error_class"] = "record_error"
+        rec["error_message"] = (why + was)[:2000]
 
     def close(self) -> None:
         with self._lock:
@@ -72,10 +118,29 @@ class RunDir:
 
 
 def read_jsonl(path) -> list:
-    """JSON lines; a torn last line (no final newline: a crash mid-write) is skipped."""
+    """JSON lines; a torn last line (no final newline: a crash mid-write) is skipped. A damaged
+    line raises ``ValueError`` naming the file and the line number (1-based)."""
     parts = Path(path).read_bytes().split(b"\n")
     complete = parts[:-1]  # the piece after the last newline is empty or torn
-    return [json.loads(line) for line in complete if line.strip()]
+    out = []
+    for i, line in enumerate(complete, 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except (ValueError, RecursionError) as e:
+                raise ValueError(f"{path}, line {i}: not JSON ({e}): {line[:120]!r}") from None
+    return out
+
+
+def read_json(path):
+    """One JSON file; a damaged one raises ``ValueError`` naming the file, line and column."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}, line {e.lineno} column {e.colno}: not JSON ({e.msg})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply") from None
 
 
 def load_records(run_dir):
@@ -89,7 +154,7 @@ def load_records(run_dir):
 
 
 def load_summary(run_dir) -> dict:
-    return json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
+    return read_json(Path(run_dir) / "summary.json")
 
 
 def load_server_metrics(run_dir):

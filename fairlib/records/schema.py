@@ -4,7 +4,13 @@ Times ending in ``_s`` are seconds on the run clock (0 = the run's start, shared
 processes) unless said otherwise; ``*_wall`` are Unix times. Definitions (serving-metrics.md):
 TTFT = first token-bearing chunk - actual send; E2E = last token-bearing chunk - actual send (the
 usage chunk does not extend it); TPOT = (E2E - TTFT) / (completion_tokens - 1) with
-completion_tokens from ``usage`` (or token ids), never from the chunk count.
+completion_tokens from ``usage`` (or token ids), never from the chunk count. TPOT is unknown
+(``None``), not 0, when the tokens did not arrive in at least two chunks: a non-streamed JSON
+answer (``streamed: false``) or one chunk carrying them all (``n_token_chunks`` 1).
+
+``chunk_tokens`` are the tokens of each token chunk and ``chunk_tokens_source`` says where they
+come from (``usage`` deltas, ``token_ids``, or ``text``: the rule in ``fairlib.client.sse``).
+``nonfinite`` lists where the server's JSON held ``NaN``/``Infinity`` (read as ``null``).
 """
 from __future__ import annotations
 
@@ -21,9 +27,13 @@ ERROR_CLASSES = (
     "timeout",        # EndpointConfig.timeout_s elapsed
     "disconnect",     # connection lost, or the stream ended without [DONE] / finish_reason
     "malformed_sse",  # bytes that are not SSE, or data that is not a JSON chunk
+    "bad_content_type",  # a 200 answer neither SSE nor JSON (an HTML page, ...): type and first bytes
+    "nonfinite_number",  # NaN/Infinity in the server's JSON (not JSON): read as null, listed in nonfinite
     "short_stream",   # complete, but completion_tokens < max_tokens
+    "over_max_tokens",  # the server claims more completion tokens than max_tokens: not trusted
     "interrupted",    # in flight when the run was stopped (Ctrl-C)
     "client_error",   # an unexpected exception in the client itself (a bug: never expected)
+    "record_error",   # the record could not be written as it was (a client bug, a full disk): run invalid
 )
 
 RECORD_FIELDS = (
@@ -34,7 +44,7 @@ RECORD_FIELDS = (
     "first_token_s", "last_token_s", "end_s",
     "ttft_s", "tpot_s", "e2e_s",
     "completion_tokens", "tokens_source", "n_token_chunks", "chunk_times_s", "chunk_tokens",
-    "finish_reason", "done", "usage", "server_timings",
+    "chunk_tokens_source", "finish_reason", "done", "streamed", "usage", "server_timings", "nonfinite",
 )
 
 
@@ -65,9 +75,11 @@ def finish_record(rec: dict, acc, end_s: Optional[float], t0_wall: float) -> dic
         rec["send_lag_ms"] = (send - rec["intended_send_s"]) * 1e3
     if acc is None:
         return rec
-    rec.update(chunk_times_s=list(acc.chunk_times), chunk_tokens=list(acc.chunk_tokens),
+    tokens, source = acc.resolve_chunk_tokens()
+    rec.update(chunk_times_s=list(acc.chunk_times), chunk_tokens=tokens, chunk_tokens_source=source,
                n_token_chunks=len(acc.chunk_times), finish_reason=acc.finish_reason, done=acc.done,
-               usage=acc.usage, server_timings=acc.server_timings,
+               streamed=acc.streamed, usage=acc.usage, server_timings=acc.server_timings,
+               nonfinite=list(acc.nonfinite) or None,
                completion_tokens=acc.completion_tokens, tokens_source=acc.tokens_source,
                first_token_s=acc.first_token_t, last_token_s=acc.last_token_t)
     if send is not None and acc.first_token_t is not None:
@@ -75,6 +87,6 @@ def finish_record(rec: dict, acc, end_s: Optional[float], t0_wall: float) -> dic
         if rec["error_class"] in ("none", "short_stream"):
             rec["e2e_s"] = acc.last_token_t - send
             n = rec["completion_tokens"]
-            if n is not None and n > 1:
+            if n is not None and n > 1 and len(acc.chunk_times) > 1:  # one chunk: TPOT unknown
                 rec["tpot_s"] = (rec["e2e_s"] - rec["ttft_s"]) / (n - 1)
     return rec

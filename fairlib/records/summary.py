@@ -1,9 +1,16 @@
-"""``summary.json``: outcome counts and the run's own validity (schedule lag, achieved rate).
+"""``summary.json``: outcome counts and the run's own validity (completeness, schedule lag, rate).
 
-Schedule lag = actual - intended send time, over the requests that were sent. A run whose p99 lag
-exceeds ``lag_threshold_ms`` is ``valid: false``: the client fell behind, and its latencies would
-partly be the client's. Requested rate = (n - 1) / span of the planned send offsets; achieved
-rate = (n_sent - 1) / span of the actual send times.
+A run is ``valid`` only when all four hold (``valid_reason`` names each that fails):
+
+- complete: every planned request was sent and recorded (``n_sent == n_records == n_planned``)
+  and the run was not interrupted (a signal, an exception, a killed client);
+- at least one request succeeded (``n_ok >= 1``: an unreachable endpoint measures nothing);
+- every record was written as measured (no ``record_error``);
+- p99 schedule lag <= ``lag_threshold_ms``, where lag = actual - intended send time over the sent
+  requests: above it the client fell behind, and its latencies would partly be the client's.
+
+Requested rate = (n - 1) / span of the planned send offsets; achieved rate = (n_sent - 1) / span
+of the actual send times.
 """
 from __future__ import annotations
 
@@ -33,36 +40,53 @@ def _rate(times) -> Optional[float]:
 
 
 def summarize(rows: Iterable[tuple], *, n_planned: int, requested_rate_rps: Optional[float],
-              lag_threshold_ms: float = 10.0, interrupted: bool = False,
+              lag_threshold_ms: float = 10.0, interrupted: bool = False, stopped_by: Optional[str] = None,
               t0_wall: Optional[float] = None, t_end_wall: Optional[float] = None) -> dict:
-    """``rows``: ``(intended_send_s, actual_send_s, error_class)`` per record."""
+    """``rows``: ``(intended_send_s, actual_send_s, error_class)`` per record; ``stopped_by``: what
+    ended the run early (``"SIGINT"``, ``"SIGTERM"``, an exception's name), named in the reason."""
     rows = list(rows)
+    n_planned = int(n_planned)
     counts = dict.fromkeys(ERROR_CLASSES, 0)
     for _, _, cls in rows:
         counts[cls] = counts.get(cls, 0) + 1
     sent = [(i, a) for i, a, _ in rows if a is not None]
     lag = lag_stats([(a - i) * 1e3 for i, a in sent])
-    valid = lag["p99"] is not None and lag["p99"] <= lag_threshold_ms
-    if lag["p99"] is None:
-        reason = "no request was sent"
-    elif valid:
-        reason = f"p99 schedule lag {lag['p99']:.3f} ms <= {lag_threshold_ms} ms"
+    complete = not interrupted and len(sent) == len(rows) == n_planned
+    lag_ok = lag["p99"] is not None and lag["p99"] <= lag_threshold_ms
+    unwritten = counts.get("record_error", 0)  # records the writer could not keep as measured
+    valid = complete and counts["none"] > 0 and lag_ok and not unwritten
+    failed = []
+    if not complete:
+        how = f"interrupted by {stopped_by}" if stopped_by else ("interrupted" if interrupted else "incomplete")
+        failed.append(f"{how}: {len(sent)} of {n_planned} planned requests sent, {len(rows)} recorded")
+    if counts["none"] == 0:
+        errs = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+        failed.append("no request succeeded" + (f" ({errs})" if errs else ""))
+    if unwritten:
+        failed.append(f"{unwritten} record(s) could not be written as measured (record_error)")
+    if lag["p99"] is not None and not lag_ok:
+        failed.append(f"p99 schedule lag {lag['p99']:.3f} ms > {lag_threshold_ms} ms: the client fell behind")
+    if valid:
+        reason = (f"complete ({n_planned} requests), {counts['none']} ok, "
+                  f"p99 schedule lag {lag['p99']:.3f} ms <= {lag_threshold_ms} ms")
     else:
-        reason = f"p99 schedule lag {lag['p99']:.3f} ms > {lag_threshold_ms} ms: the client fell behind"
+        reason = "; ".join(failed)
     return {
-        "n_planned": int(n_planned),
+        "n_planned": n_planned,
         "n_records": len(rows),
         "n_sent": len(sent),
-        "n_not_sent": int(n_planned) - len(sent),
+        "n_not_sent": n_planned - len(sent),
         "n_ok": counts["none"],
         "error_counts": counts,
         "schedule_lag_ms": lag,
         "lag_threshold_ms": float(lag_threshold_ms),
+        "complete": bool(complete),
         "valid": bool(valid),
         "valid_reason": reason,
         "requested_rate_rps": requested_rate_rps,
         "achieved_rate_rps": _rate([a for _, a in sent]),
         "interrupted": bool(interrupted),
+        "stopped_by": stopped_by,
         "start_wall": t0_wall,
         "end_wall": t_end_wall,
         "duration_s": (t_end_wall - t0_wall) if t0_wall is not None and t_end_wall is not None else None,

@@ -25,7 +25,7 @@ noisy_neighbor's 0.9 (what sets the victim's rate, and what ``rho=`` changes for
 
 **File format** (keys not listed are errors, so a typo cannot pass silently)::
 
-    name = "noisy_neighbor"              # required, as the file name
+    name = "noisy_neighbor"              # required, as the file name: letters, digits, _ . - only
     description = "..."                  # required: what the scenario is
     question = "..."                     # optional: the question it answers
     duration_s = 60.0                    # run length (arrivals in [0, duration_s))
@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -83,11 +84,24 @@ from fairlib.workload import (Constant, Empirical, Gamma, Geometric, LogNormal, 
                               Scenario, Tenant, Uniform)
 from fairlib.sim.policies import POLICIES
 
-__all__ = ["SLO", "ScenarioSpec", "load", "available", "engine_capacity_rps", "SCENARIO_DIR", "SCENARIOS"]
+__all__ = ["SLO", "ScenarioSpec", "load", "available", "engine_capacity_rps", "check_name", "SCENARIO_DIR",
+           "SCENARIOS"]
 
 SCENARIO_DIR = Path(__file__).resolve().parent
 #: The scenario files shipped with fairlib, in the book's order.
 SCENARIOS = ("fair_share", "noisy_neighbor", "victim_baseline", "slo_mix", "overload", "prefill_mix", "seed000")
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+NAME_RULE = "a plain name: letters, digits, '_', '.' and '-' only (no path separators), not '.' or '..'"
+
+
+def check_name(name, field: str = "name") -> str:
+    """``name`` when it is a plain scenario name (it becomes a directory under ``runs/``), else
+    ``ValueError`` naming ``field`` and the rule."""
+    if not isinstance(name, str) or not _PLAIN_NAME.fullmatch(name) or name in (".", ".."):
+        raise ValueError(f"{field} must be {NAME_RULE}, got {name!r}")
+    return name
 
 
 def engine_capacity_rps(engine: Engine, mean_prompt: float, mean_output: float) -> float:
@@ -152,6 +166,7 @@ class ScenarioSpec:
     offered_load: Optional[float] = None
 
     def __post_init__(self):
+        check_name(self.name, "ScenarioSpec.name")
         if self.offered_load is None:
             object.__setattr__(self, "offered_load", self.rho)
 
@@ -399,6 +414,8 @@ def load(name_or_path: Union[str, Path], engine: Optional[Engine] = None, rho: O
         ctx.fail("the file", "must hold a TOML table")
     ctx.unknown(data, _TOP_KEYS, "")
     name = ctx.string(data, "name", required=True)
+    if not (_PLAIN_NAME.fullmatch(name) and name not in (".", "..")):
+        ctx.fail("name", f"must be {NAME_RULE}, got {name!r}")
     description = ctx.string(data, "description", required=True)
     question = ctx.string(data, "question")
     if "baseline_of" in data:
@@ -468,8 +485,9 @@ def load(name_or_path: Union[str, Path], engine: Optional[Engine] = None, rho: O
         if v is not None and v not in names:
             ctx.fail(key, f"must name one of the tenants {names}, got {v!r}")
     baseline = data.get("baseline")
-    if baseline is not None and not isinstance(baseline, str):
-        ctx.fail("baseline", f"must be a scenario name, got {baseline!r}")
+    if baseline is not None and not (isinstance(baseline, str) and _PLAIN_NAME.fullmatch(baseline)
+                                     and baseline not in (".", "..")):
+        ctx.fail("baseline", f"must be a scenario name, {NAME_RULE}, got {baseline!r}")
 
     # capacity per tenant: the engine model, or a measured number scaled by the model's cost ratio
     model_cap = {p["name"]: engine_capacity_rps(eng, p["prompt"].mean, p["output"].mean) for p in parsed}

@@ -12,9 +12,11 @@ semantics: lower is served earlier; non-zero only with ``--policy priority``), `
 ``stream_options.include_usage``, ``return_token_ids``, ``n`` (only 1); two fairlib extensions,
 ``klass`` (service class for ``weighted``/``aging``) and ``est_output_tokens`` (the estimate
 ``sjf``/``vtc_predict`` read; default ``max_tokens``); and the tenant header (``X-Tenant``).
-Other fields are ignored, as vLLM ignores unknown fields. Errors are OpenAI-style JSON
-``{"error": {"message", "type", "param", "code"}}``: 400 naming the offending field (``param``),
-404 for an unknown model, 429 when the waiting queue is full or the policy turns a request away.
+Other fields are ignored, as vLLM ignores unknown fields. Every error is OpenAI-style JSON
+``{"error": {"message", "type", "param", "code"}}``: 400 naming the offending field (``param``)
+or a body that is not JSON (nested too deeply included), 404 for an unknown model or route, 405
+for a wrong method, 413 for a body over 64 MiB, 429 when the waiting queue is full or the policy
+turns a request away, 500 for a fault of the server itself.
 
 A streamed response's status and headers go out with its first token (or its 429): a request
 that waits in the queue sends nothing until it is admitted.
@@ -25,6 +27,7 @@ import asyncio
 import json
 import time
 import uuid
+from http import HTTPStatus
 
 from aiohttp import web
 
@@ -49,6 +52,45 @@ class BadRequest(Exception):
 def error_response(status: int, message: str, type_: str, param=None) -> web.Response:
     body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
     return web.Response(body=_dumps(body).encode(), status=status, content_type="application/json")
+
+
+def error_type(status: int) -> str:
+    """vLLM's error type for an HTTP status: its phrase in CamelCase + ``Error`` (404:
+    ``NotFoundError``, 405: ``MethodNotAllowedError``, 500: ``InternalServerError``)."""
+    try:
+        name = "".join(w[:1].upper() + w[1:] for w in HTTPStatus(status).phrase.replace("-", " ").split())
+    except ValueError:
+        name = f"Http{status}"
+    return name if name.endswith("Error") else name + "Error"
+
+
+MAX_BODY_BYTES = 64 * 2 ** 20
+ROUTES = ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "GET /health", "GET /version",
+          "GET /metrics", "GET /fairlib/stats")
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler):
+    """Every error answer as OpenAI error JSON (aiohttp's own 404/405/413 and any fault)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        if e.status == 404:
+            msg = f"no route {request.method} {request.path} (routes: {', '.join(ROUTES)})"
+        elif e.status == 405:
+            allowed = ", ".join(sorted(getattr(e, "allowed_methods", ()) or ()))
+            msg = f"method {request.method} is not allowed on {request.path} (allowed: {allowed})"
+        elif e.status == 413:
+            msg = f"the request body exceeds {MAX_BODY_BYTES} bytes (64 MiB)"
+        else:
+            msg = e.text or e.reason
+        return error_response(e.status, msg, error_type(e.status))
+    except (ConnectionError, asyncio.CancelledError):
+        raise
+    except Exception as e:  # a fault of the server: still an answer the client can parse
+        return error_response(500, f"internal server error: {type(e).__name__}: {e}", "InternalServerError")
 
 
 # --- request parsing --------------------------------------------------------------------------
@@ -283,7 +325,7 @@ def _rejected_response():
 
 def make_app(cfg) -> web.Application:
     """The aiohttp application; its driver starts and stops with it (``app[DRIVER]``)."""
-    app = web.Application(client_max_size=64 * 2 ** 20)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
     state = {}
 
     async def start_driver(app):
@@ -314,6 +356,8 @@ def make_app(cfg) -> web.Application:
             body = await request.json(loads=json.loads)
         except ValueError as e:
             return error_response(400, f"the request body is not valid JSON: {e}", "BadRequestError")
+        except RecursionError:
+            return error_response(400, "the request body is not valid JSON: nested too deeply", "BadRequestError")
         try:
             req = parse_request(body, api, cfg)
             name = request.headers.get(cfg.tenant_header, "default")
@@ -363,7 +407,8 @@ def make_app(cfg) -> web.Application:
     async def health(request):
         drv = state.get("driver")
         if drv is None or drv.failed is not None:
-            return _driver_failed(drv) if drv is not None else web.Response(status=503)
+            return _driver_failed(drv) if drv is not None else error_response(
+                503, "the engine-model driver has not started", error_type(503))
         return web.Response(status=200)
 
     async def version(request):

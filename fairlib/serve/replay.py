@@ -7,8 +7,10 @@ handling against known bytes and known delays. Routes live under a prefix, one b
 
 Behaviours (picklable, so the server can also run in its own process):
 ``Synth`` (a vLLM- or llama.cpp-format stream sized by the request, with delays, optional
-multi-token chunks, an abort, a malformed line or a short output), ``Replay`` (recorded frames at
-given times), ``HttpError``, ``Hang`` and ``ByTenant`` (one of them per tenant header).
+multi-token chunks, per-chunk usage, patched chunks or usage (NaN, a lying count), an abort, a
+malformed line or a short output), ``Replay`` (recorded frames at given times), ``HttpError``,
+``Hang``, ``Html`` (a 200 HTML page), ``NonStreamed`` (one JSON answer, ``stream`` ignored) and
+``ByTenant`` (one of them per tenant header).
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ from typing import Optional
 
 from aiohttp import web
 
-__all__ = ["Synth", "Replay", "HttpError", "Hang", "ByTenant", "ReplayServer", "load_frames",
-           "vllm_chunks", "llamacpp_chunks", "sse"]
+__all__ = ["Synth", "Replay", "HttpError", "Hang", "Html", "NonStreamed", "ByTenant", "ReplayServer",
+           "load_frames", "vllm_chunks", "llamacpp_chunks", "sse"]
 
 FINGERPRINT = "b6915-4f5e3a1c"  # a llama.cpp-style build string (synthetic)
 _FRAME = re.compile(rb"(.*?)(?:\r\n\r\n|\n\n|\r\r)", re.S)
@@ -55,17 +57,18 @@ def load_frames(path) -> list:
 def vllm_chunks(api: str, pieces: list, *, model: str, prompt_tokens: int, include_usage: bool = True,
                 finish_reason: str = "length", token_ids: Optional[list] = None,
                 prompt_token_ids: Optional[list] = None, rid: Optional[str] = None,
-                created: Optional[int] = None) -> list:
+                created: Optional[int] = None, n_tokens: Optional[int] = None) -> list:
     """vLLM's chunks for ``pieces`` (one text per chunk) as dicts, in vLLM's field order.
 
     Completions chunks are dumped with all fields (``exclude_unset=False``); chat chunks with the
     fields vLLM sets (``exclude_unset=True``): the first is role-only; the last token chunk has
     ``finish_reason``; the usage chunk has ``choices: []``. ``token_ids``: ids per piece
-    (``return_token_ids``), else None.
+    (``return_token_ids``), else None. ``n_tokens``: the completion tokens usage reports (default:
+    the token ids, else one per piece).
     """
     created = int(time.time()) if created is None else created
     ids = token_ids or [None] * len(pieces)
-    n_out = sum(len(t) for t in token_ids) if token_ids else len(pieces)
+    n_out = n_tokens if n_tokens is not None else sum(len(t) for t in token_ids) if token_ids else len(pieces)
     out = []
     if api == "chat":
         rid = rid or f"chatcmpl-{uuid.uuid4().hex}"
@@ -111,17 +114,19 @@ def _timings(prompt_n: int, prompt_ms: float, predicted_n: int, predicted_ms: fl
 
 def llamacpp_chunks(api: str, pieces: list, *, model: str, prompt_tokens: int, include_usage: bool = True,
                     finish_reason: str = "length", prompt_ms: float = 1.0, predicted_ms: float = 1.0,
-                    rid: Optional[str] = None, created: Optional[int] = None) -> list:
+                    rid: Optional[str] = None, created: Optional[int] = None,
+                    n_tokens: Optional[int] = None) -> list:
     """llama-server's OpenAI-compatible chunks, in its field order (nlohmann ordered_json).
 
     Completions: one chunk per token, then a final chunk with empty text, ``finish_reason``,
     ``usage`` (always) and ``timings``. Chat: a role-only first chunk (``content: null``), token
     deltas, a final chunk with an empty delta and ``finish_reason``, and a ``choices: []`` usage
-    chunk only when ``include_usage``; ``timings`` ride on the last chunk.
+    chunk only when ``include_usage``; ``timings`` ride on the last chunk. ``n_tokens``: the
+    completion tokens usage and timings report (default: one per piece).
     """
     created = int(time.time()) if created is None else created
     rid = rid or "chatcmpl-" + uuid.uuid4().hex
-    n = len(pieces)
+    n = len(pieces) if n_tokens is None else n_tokens
     usage = {"completion_tokens": n, "prompt_tokens": prompt_tokens, "total_tokens": n + prompt_tokens}
     timings = _timings(prompt_tokens, prompt_ms, n, predicted_ms)
     out = []
@@ -161,12 +166,20 @@ class Synth:
     garbage_after: Optional[int] = None  # then send a line that is not JSON
     send_done: bool = True
     comment_every: int = 0               # a ': ping' comment line every k frames
+    chunk_pattern: tuple = ()            # tokens per chunk, cycled (overrides tokens_per_chunk)
+    continuous_usage: bool = False       # vLLM continuous_usage_stats: cumulative usage on each token chunk
+    chunk_patch: Optional[dict] = None   # merged into every token chunk (e.g. a NaN field)
+    usage_patch: Optional[dict] = None   # merged into the usage object (e.g. a NaN or a lying count)
 
     async def serve(self, request, body, api, model):
         n = int(self.n_tokens if self.n_tokens is not None else body.get("max_tokens") or 16)
         want_ids = bool(body.get("return_token_ids")) and self.flavor == "vllm"
-        k = max(1, self.tokens_per_chunk)
-        groups = [list(range(i, min(i + k, n))) for i in range(0, n, k)]
+        sizes = [max(1, int(x)) for x in self.chunk_pattern] or [max(1, self.tokens_per_chunk)]
+        groups, i = [], 0
+        while i < n:
+            k = sizes[len(groups) % len(sizes)]
+            groups.append(list(range(i, min(i + k, n))))
+            i += k
         pieces = ["".join(f" w{j}" for j in g) for g in groups]
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         finish = "length" if n >= int(body.get("max_tokens") or n) else "stop"
@@ -174,14 +187,15 @@ class Synth:
         if self.flavor == "llamacpp":
             chunks = llamacpp_chunks(api, pieces, model=model, prompt_tokens=p, include_usage=include_usage,
                                      finish_reason=finish, prompt_ms=self.ttft_s * 1e3,
-                                     predicted_ms=self.itl_s * 1e3 * max(n - 1, 0))
+                                     predicted_ms=self.itl_s * 1e3 * max(n - 1, 0), n_tokens=n)
         else:
             chunks = vllm_chunks(api, pieces, model=model, prompt_tokens=p, include_usage=include_usage,
                                  finish_reason=finish, token_ids=[[1000 + j for j in g] for g in groups] if want_ids else None,
-                                 prompt_token_ids=list(range(p)) if want_ids else None)
+                                 prompt_token_ids=list(range(p)) if want_ids else None, n_tokens=n)
+        lead = 1 if api == "chat" else 0  # the role chunk goes out at once
+        _patch(chunks, lead, groups, p, self)
         resp = await _start_stream(request)
         t0 = time.perf_counter()
-        lead = 1 if api == "chat" else 0  # the role chunk goes out at once
         sent_tokens = 0
         for idx, ch in enumerate(chunks):
             is_token = lead <= idx < lead + len(pieces)
@@ -203,6 +217,52 @@ class Synth:
             await resp.write(sse("[DONE]"))
         await resp.write_eof()
         return resp
+
+
+def _patch(chunks: list, lead: int, groups: list, prompt: int, synth: Synth) -> None:
+    """Apply ``Synth``'s per-chunk usage and patches to the built chunks (in place)."""
+    done = 0
+    for idx in range(lead, lead + len(groups)):
+        done += len(groups[idx - lead])
+        if synth.continuous_usage:
+            chunks[idx]["usage"] = {"prompt_tokens": prompt, "total_tokens": prompt + done,
+                                    "completion_tokens": done}
+        if synth.chunk_patch:
+            chunks[idx].update(synth.chunk_patch)
+    final = chunks[-1]  # the usage chunk (vLLM, llama.cpp chat) or llama.cpp's final chunk
+    if synth.usage_patch and isinstance(final.get("usage"), dict):
+        final["usage"].update(synth.usage_patch)
+
+
+@dataclass
+class Html:
+    """A 200 HTML page (a captive portal, a proxy's login page) where a stream was expected."""
+
+    body: str = "<!DOCTYPE html><html><head><title>Sign in</title></head><body>Please sign in</body></html>"
+
+    async def serve(self, request, body, api, model):
+        return web.Response(text=self.body, content_type="text/html")
+
+
+@dataclass
+class NonStreamed:
+    """One JSON answer (vLLM's non-streamed shape), ``stream: true`` ignored, after ``delay_s``."""
+
+    n_tokens: Optional[int] = None
+    delay_s: float = 0.0
+
+    async def serve(self, request, body, api, model):
+        await asyncio.sleep(self.delay_s)
+        n = int(self.n_tokens if self.n_tokens is not None else body.get("max_tokens") or 16)
+        text = "".join(f" w{j}" for j in range(n))
+        p = _prompt_len(body, api)
+        finish = "length" if n >= int(body.get("max_tokens") or n) else "stop"
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                  if api == "chat" else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
+        return web.json_response({
+            "id": f"cmpl-{uuid.uuid4().hex}", "object": "chat.completion" if api == "chat" else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [choice],
+            "usage": {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n}})
 
 
 @dataclass

@@ -2,8 +2,10 @@
 or in a child process (tests, notebooks, benchmarks), and its command-line arguments."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import ctypes
+import errno
 import json
 import os
 import signal
@@ -220,6 +222,17 @@ class ServerProcess(_Base):
 
 # --- command line -----------------------------------------------------------------------------
 
+def port_number(text: str) -> int:
+    """``--port``: an integer in 0..65535 (argparse type)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"must be an integer in 0..65535 (0: a free port), got {text!r}")
+    return v
+
+
 def add_arguments(p) -> None:
     """The ``serve`` subcommand's options."""
     g = p.add_argument_group("engine model (dt = iter_base + iter_slope * B + prefill * P ms)")
@@ -236,7 +249,8 @@ def add_arguments(p) -> None:
     p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE",
                    help="a policy parameter (VALUE parsed as JSON when it can be: wq=2, weights=[1,2]); repeatable")
     p.add_argument("--host", default="127.0.0.1", help="loopback only (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on the ready line)")
+    p.add_argument("--port", type=port_number, default=8000,
+                   help="0..65535; 0 picks a free port (printed on the ready line)")
     p.add_argument("--model", default="fairlib-sim", help="the served model name")
     p.add_argument("--tenants", type=int, default=8, help="most tenants told apart by the X-Tenant header")
     p.add_argument("--tenant-names", default="", help="comma-separated names given indices 0, 1, ... first")
@@ -284,10 +298,21 @@ def wait_ready(root: str, timeout_s: float = 30.0) -> None:
 
 def serve_from_args(a) -> int:
     """``fairlib serve`` / ``python -m fairlib.serve``: the parsed options to a running server
-    (until SIGINT or SIGTERM); a bad option is one line naming it."""
+    (until SIGINT or SIGTERM: exit 0). Errors are one line on stderr: a bad option (exit 2), a
+    port that cannot be bound (exit 1), Ctrl-C before the server listens (exit 130)."""
     try:
         cfg = config_from_args(a)
     except ValueError as e:
-        raise SystemExit(f"fairlib serve: {e}") from None
-    serve_forever(cfg)
+        print(f"fairlib serve: {e}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        serve_forever(cfg)
+    except KeyboardInterrupt:
+        print("fairlib serve: interrupted (SIGINT) while starting; nothing served", file=sys.stderr, flush=True)
+        return 130
+    except OSError as e:
+        why = "the port is in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+        print(f"fairlib serve: cannot listen on {cfg.host}:{cfg.port}: {why} (--port: another port in 0..65535, "
+              f"or 0 for a free one)", file=sys.stderr, flush=True)
+        return 1
     return 0

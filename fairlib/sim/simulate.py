@@ -55,6 +55,8 @@ __all__ = ["prepare", "simulate", "SimResult", "validate_requests", "request_col
 
 REQUIRED_COLUMNS = ("arrival_ms", "tenant", "prompt_tokens", "output_tokens")
 OPTIONAL_COLUMNS = ("est_output_tokens", "klass", "priority")
+#: most tenants one simulation tells apart (per-tenant state is allocated for every id up to the largest)
+MAX_TENANTS = 1 << 16
 _INT_COLUMNS = ("tenant", "prompt_tokens", "output_tokens", "est_output_tokens", "klass", "priority")
 
 
@@ -108,11 +110,15 @@ def request_columns(requests, n_tenants: Optional[int] = None) -> tuple[dict, in
         if len(out[name]) and out[name].min() < 1:
             raise ValueError(f"requests: column {name!r} must be integers >= 1 (found {out[name].min()})")
     tenant = out["tenant"]
+    if len(tenant) and (tenant.min() < 0 or tenant.max() >= MAX_TENANTS):
+        raise ValueError(f"requests: column 'tenant' must lie in 0..{MAX_TENANTS - 1} (MAX_TENANTS, one state "
+                         f"slot per id up to the largest), found {tenant.min()}..{tenant.max()}")
     seen = int(tenant.max()) + 1 if len(tenant) else 1
     if n_tenants is None:
         n_tenants = seen
-    if isinstance(n_tenants, bool) or not float(n_tenants).is_integer() or n_tenants < 1:
-        raise ValueError(f"n_tenants must be an integer >= 1, got {n_tenants!r}")
+    if isinstance(n_tenants, bool) or not isinstance(n_tenants, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(n_tenants) or not float(n_tenants).is_integer() or not 1 <= n_tenants <= MAX_TENANTS:
+        raise ValueError(f"n_tenants must be an integer in 1..{MAX_TENANTS} (MAX_TENANTS), got {n_tenants!r}")
     n_tenants = int(n_tenants)
     if len(tenant) and (tenant.min() < 0 or tenant.max() >= n_tenants):
         raise ValueError(f"requests: column 'tenant' must lie in 0..{n_tenants - 1}, "

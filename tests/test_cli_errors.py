@@ -1,0 +1,314 @@
+"""The command line's errors and the secrets it keeps (issue 10, items 7, 8 and 9).
+
+Credentials (--api-key, OPENAI_API_KEY, a header, a password in the URL) reach the server but no
+file of the run directory and no line on stdout/stderr; a scenario name cannot lead a run
+directory out of runs/; every CLI error is one line on stderr (exit 2 for usage errors, no
+traceback); ``fairlib serve`` answers every error as OpenAI error JSON."""
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import fairlib
+from fairlib import scenarios
+from fairlib.backend import default_run_dir
+from fairlib.cli import main
+from fairlib.client import EndpointConfig, build_schedule, run as client_run
+from fairlib.client.endpoint import mask_url
+from fairlib.serve import ServeConfig, ServerThread
+from fairlib.sim.engine import Engine
+from fairlib.serve.replay import ReplayServer, Synth
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = ["--scenario", "fair_share", "--duration-s", "1", "--rho", "0.3", "--seed", "0"]
+RUN = ["run", *SCENARIO, "--lag-threshold-ms", "1000"]   # valid (exit 0) on a busy machine too
+
+
+def cli(argv, capfd):
+    """``fairlib ARGV`` in this process: (exit code, stdout, stderr)."""
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:
+        code = e.code
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def one_line(err: str) -> str:
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def run_env():
+    return {**os.environ, "PYTHONPATH": str(ROOT), "NUMBA_CACHE_DIR": str(ROOT / ".cache" / "numba")}
+
+
+def grep_dir(path: Path, secret: str) -> list:
+    """Files under ``path`` whose bytes contain ``secret``."""
+    return [str(p) for p in path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+# --- item 7: credentials ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def replay():
+    with ReplayServer({"ok": Synth(), "ok2": Synth()}) as srv:
+        yield srv
+
+
+def _auth_seen(srv, n_before):
+    return [r["headers"].get("Authorization") for r in srv.state["requests"][n_before:]]
+
+
+def test_api_key_is_sent_and_never_written(replay, tmp_path, capfd):
+    secret = "sk-test-KEY-7f3a91c2"
+    n0 = len(replay.state["requests"])
+    code, out, err = cli([*RUN, "--endpoint", replay.url("ok"), "--api-key", secret,
+                          "--out", tmp_path / "r"], capfd)
+    assert code == 0, out + err
+    seen = _auth_seen(replay, n0)
+    assert seen and set(seen) == {f"Bearer {secret}"}
+    assert grep_dir(tmp_path, secret) == [] and secret not in out + err
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["endpoint"]["api_key"] == "<set>"
+
+
+def test_openai_api_key_variable_is_sent_and_never_written(replay, tmp_path, capfd, monkeypatch):
+    secret = "sk-env-KEY-0b5d44e1"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    n0 = len(replay.state["requests"])
+    code, out, err = cli([*RUN, "--endpoint", replay.url("ok"), "--out", tmp_path / "r"], capfd)
+    assert code == 0, out + err
+    assert set(_auth_seen(replay, n0)) == {f"Bearer {secret}"}
+    assert grep_dir(tmp_path, secret) == [] and secret not in out + err
+
+
+def test_secret_headers_are_sent_and_masked(replay, tmp_path, capfd):
+    tok, key = "hdr-TOKEN-55aa1f", "hdr-APIKEY-9c0e77"
+    n0 = len(replay.state["requests"])
+    code, out, err = cli([*RUN, "--endpoint", replay.url("ok"), "--model", "replay-model",
+                          "--header", f"Authorization: Bearer {tok}", "--header", f"x-api-key: {key}",
+                          "--header", "X-Org: research", "--out", tmp_path / "r"], capfd)
+    assert code == 0, out + err
+    reqs = replay.state["requests"][n0:]
+    assert reqs and all(r["headers"]["Authorization"] == f"Bearer {tok}" and r["headers"]["x-api-key"] == key
+                        for r in reqs)
+    for s in (tok, key):
+        assert grep_dir(tmp_path, s) == [] and s not in out + err
+    headers = json.loads((tmp_path / "r" / "config.json").read_text())["endpoint"]["headers"]
+    assert headers == {"Authorization": "***", "x-api-key": "***", "X-Org": "research"}
+
+
+def test_password_in_the_url_is_sent_as_basic_auth_and_never_written(replay, tmp_path, capfd):
+    password = "pw-URL-3e8c2d19"
+    url = replay.url("ok").replace("http://", f"http://alice:{password}@")
+    n0 = len(replay.state["requests"])
+    code, out, err = cli([*RUN, "--endpoint", url, "--out", tmp_path / "r"], capfd)
+    assert code == 0, out + err
+    basic = "Basic " + base64.b64encode(f"alice:{password}".encode()).decode()
+    assert set(_auth_seen(replay, n0)) == {basic}
+    for s in (password, basic.split()[1]):
+        assert grep_dir(tmp_path, s) == [] and s not in out + err
+    cfg = json.loads((tmp_path / "r" / "config.json").read_text())["endpoint"]
+    assert cfg["base_url"] == replay.url("ok").replace("http://", "http://***@")
+
+
+def test_the_api_masks_a_header_given_in_code(replay, tmp_path):
+    """fairlib.client.run with EndpointConfig(headers=...): the header is sent, not written."""
+    secret = "api-HEADER-TOKEN-1d2c3b"
+    df = pd.DataFrame({"arrival_ms": [0.0, 5.0], "tenant": [0, 1], "prompt_tokens": [4, 4], "output_tokens": [3, 3]})
+    n0 = len(replay.state["requests"])
+    cfg = EndpointConfig(base_url=replay.url("ok2"), model="replay-model",
+                         headers={"Proxy-Authorization": f"Basic {secret}", "Cookie": f"session={secret}"})
+    summary = client_run(build_schedule(df, seed=0), cfg, tmp_path / "r", scrape_metrics=True,
+                         handle_sigint=False)
+    assert summary["n_ok"] == 2
+    reqs = replay.state["requests"][n0:]
+    assert [r["headers"]["Proxy-Authorization"] for r in reqs] == [f"Basic {secret}"] * 2
+    assert grep_dir(tmp_path, secret) == []
+
+
+def test_mask_url_masks_userinfo_and_secret_query_parameters():
+    assert mask_url("https://u:p@h:8/v1/metrics?api_key=A&x=1&TOKEN=B&key=C") == \
+        "https://***@h:8/v1/metrics?api_key=***&x=1&TOKEN=***&key=***"
+    assert mask_url("cannot reach http://bob:pw@host/v1 now") == "cannot reach http://***@host/v1 now"
+
+
+# --- item 8: path traversal -------------------------------------------------------------------
+
+def _scenario_file(tmp_path, name) -> Path:
+    p = tmp_path / "evil.toml"
+    p.write_text(f'name = "{name}"\ndescription = "x"\nrho = 0.5\nduration_s = 1.0\n'
+                 '[[tenants]]\nname = "a"\nshare = 1\nprompt = 8\noutput = 4\nttft_slo_ms = 500\ntpot_slo_ms = 50\n')
+    return p
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs", "a/b", "..", "a\\\\b"])
+def test_a_scenario_name_cannot_leave_runs(name, tmp_path, capfd, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    path = _scenario_file(tmp_path, name)
+    with pytest.raises(ValueError, match=r"evil.toml: name must be a plain name"):
+        scenarios.load(path)
+    code, out, err = cli(["simulate", "--scenario", path], capfd)
+    assert code == 2 and "name must be a plain name" in one_line(err)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["evil.toml", "work"]   # nothing written anywhere
+
+
+def test_default_run_dir_refuses_a_path_that_resolves_outside_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "fair_share").symlink_to(tmp_path / "elsewhere")
+    spec = scenarios.load("fair_share")
+    with pytest.raises(ValueError, match="outside"):
+        default_run_dir(spec, "sim", 0)
+    assert default_run_dir(scenarios.load("overload"), "sim", 3) == Path("runs/overload/sim/seed3")
+
+
+# --- item 9: one-line errors ------------------------------------------------------------------
+
+def test_an_existing_out_names_the_overwrite_option(tmp_path, capfd):
+    out = tmp_path / "sim"
+    argv = ["simulate", "--scenario", "victim_baseline", "--duration-s", "2", "--out", out]
+    assert cli(argv, capfd)[0] == 0
+    code, _, err = cli(argv, capfd)
+    line = one_line(err)
+    assert code == 2 and "--overwrite" in line and "overwrite=True" not in line and str(out) in line
+
+
+@pytest.mark.parametrize("cmd", ["simulate", "run"])
+def test_an_unwritable_out_is_one_line(cmd, tmp_path, capfd):
+    (tmp_path / "file").write_text("x")
+    extra = ["--endpoint", "http://127.0.0.1:9/v1", "--model", "m"] if cmd == "run" else []
+    code, _, err = cli([cmd, *SCENARIO, *extra, "--out", tmp_path / "file" / "sub"], capfd)
+    assert code == 2 and "--out" in one_line(err) and "not a directory" in err
+
+
+@pytest.mark.parametrize("endpoint", ["ftp://127.0.0.1/v1", "127.0.0.1:8000/v1", "http:///v1"])
+def test_a_non_http_endpoint_is_a_usage_error(endpoint, capfd):
+    code, _, err = cli([*RUN, "--endpoint", endpoint, "--model", "m", "--out", "/tmp/never"], capfd)
+    line = one_line(err)
+    assert code == 2 and "--endpoint" in line and "http://HOST:PORT/v1" in line
+
+
+def test_a_bad_endpoint_in_a_real_process_is_one_line_exit_2():
+    r = subprocess.run([sys.executable, "-m", "fairlib.cli", "run", "--scenario", "fair_share", "--endpoint",
+                        "ftp://u:hunter2pw@x/v1"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=run_env())
+    assert r.returncode == 2 and "--endpoint" in one_line(r.stderr) and "hunter2pw" not in r.stderr
+
+
+@pytest.mark.parametrize("opt,value", [("--lag-threshold-ms", "-1"), ("--lag-threshold-ms", "nan"),
+                                       ("--timeout-s", "0"), ("--duration-s", "-5"), ("--rho", "0")])
+def test_run_options_out_of_range(opt, value, capfd):
+    argv = ["run", "--scenario", "fair_share", "--endpoint", "http://127.0.0.1:9/v1", "--model", "m", opt, value]
+    code, _, err = cli(argv, capfd)
+    line = one_line(err)
+    assert code == 2 and opt in line and "> 0" in line
+
+
+def test_probe_failures_are_one_line(tmp_path, capfd):
+    with socket.socket() as s:                        # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    code, _, err = cli(["probe", "--endpoint", dead, "--out", tmp_path / "p.json", "--quiet"], capfd)
+    assert code == 1 and "--model" in one_line(err)                     # no model list
+    code, _, err = cli(["probe", "--endpoint", dead, "--model", "m", "--batches", "1,2", "--prefill-repeats", "1",
+                        "--prefill-lengths", "16", "--out", tmp_path / "p.json", "--quiet"], capfd)
+    line = one_line(err)
+    assert code == 1 and "failed" in line and "B=1: 0/1 ok" in line and not (tmp_path / "p.json").exists()
+    code, _, err = cli(["probe", "--endpoint", dead, "--model", "m", "--out", tmp_path, "--quiet"], capfd)
+    assert code == 2 and "--out" in one_line(err)
+    code, _, err = cli(["probe", "--endpoint", dead, "--decode-tokens", "4"], capfd)
+    assert code == 2 and "--decode-tokens" in one_line(err) and ">= 8" in err
+
+
+def test_serve_on_a_port_in_use_and_out_of_range():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "fairlib.cli", "serve", "--port", str(port)], capture_output=True,
+                           text=True, timeout=120, cwd=ROOT, env=run_env())
+    line = one_line(r.stderr)
+    assert r.returncode == 1 and "in use" in line and "--port" in line
+    r = subprocess.run([sys.executable, "-m", "fairlib.cli", "serve", "--port", "70000"], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT, env=run_env())
+    assert r.returncode == 2 and "--port" in one_line(r.stderr) and "0..65535" in r.stderr
+
+
+@pytest.mark.parametrize("delay_s", [0.3, 0.9])
+def test_ctrl_c_during_start_up_is_one_line(delay_s):
+    """SIGINT while ``fairlib serve`` loads its modules and starts (about 1.5 s): one line, no traceback."""
+    p = subprocess.Popen([sys.executable, "-m", "fairlib.cli", "serve", "--port", "0"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT, env=run_env())
+    time.sleep(delay_s)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    if "listening on" in out:
+        pytest.skip("the server was up before the signal (a fast machine)")
+    assert p.returncode in (130, -signal.SIGINT)
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
+
+
+def test_a_tenant_id_of_a_billion_is_refused_at_once():
+    df = pd.DataFrame({"arrival_ms": [0.0, 1.0], "tenant": [0, 10 ** 9], "prompt_tokens": [4, 4],
+                       "output_tokens": [2, 2]})
+    t = time.perf_counter()
+    with pytest.raises(ValueError, match=r"column 'tenant' must lie in 0\.\.65535"):
+        fairlib.simulate(df)
+    with pytest.raises(ValueError, match=r"n_tenants must be an integer in 1\.\.65536"):
+        fairlib.simulate(df.iloc[:1], n_tenants=10 ** 9)
+    assert time.perf_counter() - t < 5
+
+
+# --- serve: every error is OpenAI error JSON -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def serve():
+    with ServerThread(ServeConfig(engine=Engine(1.0, 0.1, 0.0, 4), port=0)) as srv:
+        yield srv
+
+
+def _answer(srv, path, data=None, method=None, ctype="application/json"):
+    req = urllib.request.Request(srv.root + path, data=data, method=method, headers={"Content-Type": ctype})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=60) as r:
+            return r.status, r.headers.get("Content-Type"), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type"), e.read()
+
+
+@pytest.mark.parametrize("case,status,type_", [
+    ("unknown route", 404, "NotFoundError"),
+    ("wrong method", 405, "MethodNotAllowedError"),
+    ("too large", 413, "RequestEntityTooLargeError"),
+    ("nested too deeply", 400, "BadRequestError"),
+])
+def test_serve_error_answers_are_openai_error_json(serve, case, status, type_):
+    if case == "unknown route":
+        got = _answer(serve, "/v1/nope")
+    elif case == "wrong method":
+        got = _answer(serve, "/v1/completions", method="GET")
+    elif case == "too large":
+        got = _answer(serve, "/v1/completions", data=b"x" * (64 * 2 ** 20 + 1))
+    else:
+        got = _answer(serve, "/v1/completions", data=b"[" * 200_000 + b"]" * 200_000)
+    code, ctype, body = got
+    assert code == status and ctype.startswith("application/json")
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == status and err["type"] == type_ and err["message"]
