@@ -314,7 +314,7 @@ class Response:
             return
         try:
             done = self._sink(body, t)
-        except BaseException as e:      # the consumer rejected the stream: stop reading it
+        except Exception as e:          # the consumer rejected the stream: stop reading it
             self._consumer_done = True
             self.reusable = False
             self._settle(exc=e)

@@ -80,8 +80,9 @@ def run(schedule, endpoint: EndpointConfig, run_dir, *, workers: int = 1, lag_th
     """Send ``schedule`` open-loop to ``endpoint``; write ``run_dir``; return the summary.
 
     Writes ``config.json`` and ``env.json`` first, appends ``records.jsonl`` as requests complete,
-    samples ``/metrics`` into ``server_metrics.jsonl`` at ``1/metrics_interval_s`` Hz, and writes
-    ``summary.json`` last. ``workers > 1`` shards the schedule round-robin over that many
+    samples ``/metrics`` at ``1/metrics_interval_s`` Hz in a child process (``fairlib.client.prom``:
+    the raw text goes to ``server_metrics.raw.jsonl`` as it comes, its parse to
+    ``server_metrics.jsonl`` after the run), and writes ``summary.json`` last. ``workers > 1`` shards the schedule round-robin over that many
     processes (spawn; the calling script needs an ``if __name__ == "__main__":`` guard), at most
     :func:`max_workers`.
 
@@ -160,8 +161,10 @@ def _run(schedule, endpoint, run_dir, stop: RunStop, *, workers, lag_threshold_m
         interrupted, error = True, e
     finally:
         gc.unfreeze()
-        writer.close()
-        scrape_stats = scraper.stop() if scraper is not None else None
+        try:
+            writer.close()
+        finally:   # the sampler process ends on every way out (and with this process: prom.py)
+            scrape_stats = scraper.stop() if scraper is not None else None
     t0 = t0_box.get("t0", time.time())
     summary = summarize(rows, n_planned=len(schedule), requested_rate_rps=schedule.rate_rps,
                         lag_threshold_ms=lag_threshold_ms, interrupted=interrupted,

@@ -13,8 +13,8 @@ seconds, "wall": unix time, "elapsed_s", "text"}`` (or ``"error"`` instead of ``
 at once: nothing measured is lost if the run dies. ``stop()`` ends the child (a last sample first)
 and parses the raw text into ``path`` (``server_metrics.jsonl``: ``{"t", "wall", "metrics"}`` per
 sample); ``parse_raw`` does the same for a raw file a dead run left. The child exits when the
-parent dies (``PR_SET_PDEATHSIG``) or closes its stdin, and ignores SIGINT (the parent's Ctrl-C
-handling stops it).
+parent dies (``PR_SET_PDEATHSIG``) or closes its stdin, ignores SIGINT (the parent's Ctrl-C
+handling stops it), and runs 10 nice levels below the parent (never competing with the sender).
 """
 from __future__ import annotations
 
@@ -88,19 +88,22 @@ def raw_path_for(path) -> Path:
 
 def parse_raw(raw_path, out_path, prefixes=PREFIXES) -> dict:
     """Parse the raw samples at ``raw_path`` into ``out_path`` (one ``{"t", "wall", "metrics"}``
-    line per answered sample; a torn last line is skipped). Returns ``{"samples", "errors",
-    "last_error"}``."""
+    line per answered sample; a torn last line is skipped, an unreadable one counted as an error).
+    Returns ``{"samples", "errors", "last_error"}``."""
     samples, errors, last_error = 0, 0, None
     raw_path = Path(raw_path)
-    lines = raw_path.read_bytes().split(b"\n")[:-1] if raw_path.exists() else []
-    with open(out_path, "w", encoding="utf-8") as out:
-        for line in lines:
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            if "text" not in r:
+    with open(out_path, "w", encoding="utf-8") as out, \
+            (open(raw_path, "rb") if raw_path.exists() else open(os.devnull, "rb")) as raw:
+        for line in raw:                # one sample at a time: a long run's raw file can be large
+            if not line.endswith(b"\n") or not line.strip():
+                continue                # a torn last line (the run died mid-write), or blank
+            try:
+                r = json.loads(line)
+            except ValueError as e:
+                r = {"error": f"unreadable raw line: {e}"}
+            if not isinstance(r, dict) or not isinstance(r.get("text"), str):
                 errors += 1
-                last_error = r.get("error")
+                last_error = r.get("error") if isinstance(r, dict) else "unreadable raw line"
                 continue
             m = parse_prometheus(r["text"], prefixes)
             out.write(json.dumps({"t": r["t"], "wall": r["wall"], "metrics": m}, separators=(",", ":")) + "\n")
@@ -199,6 +202,10 @@ def _sample(opener, url: str, t0_wall: float, timeout_s: float, out) -> bool:
 def _child_main() -> int:
     """The child: the settings on stdin's first line; stdin's end (or the parent's death) stops it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.nice(10)                     # below the sender, should they share a core
+    except OSError:
+        pass
     line = sys.stdin.buffer.readline()
     if not line:
         return 0
