@@ -1,26 +1,28 @@
 """fairlib: fairness in multi-tenant LLM serving, computed.
 
 The engine model of one replica under continuous batching (book/engine-model.md), compiled with
-numba, its scheduling policies, seeded multi-tenant workloads and the metrics the book reports."""
-import os as _os
-import sys as _sys
+numba, its scheduling policies, seeded multi-tenant workloads and the metrics the book reports.
 
-
-def _one_line_interrupt(kind, value, tb, _hook=_sys.excepthook):
-    """The command line's ``sys.excepthook``: Ctrl-C before a command handles it (while its
-    modules load, a second or so) ends with one line on stderr, not a traceback."""
-    if issubclass(kind, KeyboardInterrupt):
-        print("fairlib: interrupted (SIGINT) while starting", file=_sys.stderr, flush=True)
-    else:
-        _hook(kind, value, tb)
-
-
-if _sys.argv[:1] == ["-m"] or _os.path.basename(_sys.argv[0] if _sys.argv else "") == "fairlib":
-    _sys.excepthook = _one_line_interrupt   # `python -m fairlib...` or the `fairlib` script only
-
-from fairlib.sim.engine import SEED000_ENGINE, Engine  # noqa: E402
-from fairlib.sim.policies import POLICIES, make_policy  # noqa: E402
-from fairlib.sim.simulate import SimResult, simulate  # noqa: E402
+The names below load on first use (PEP 562), so that ``import fairlib.x`` does not compile the
+simulator first: the command line starts in a fraction of a second and a Ctrl-C while it loads
+ends with one line (``fairlib.__main__``)."""
+import importlib as _importlib
 
 __version__ = "0.1.0"
-__all__ = ["Engine", "SEED000_ENGINE", "POLICIES", "make_policy", "simulate", "SimResult", "__version__"]
+
+_API = {"Engine": "fairlib.sim.engine", "SEED000_ENGINE": "fairlib.sim.engine",
+        "POLICIES": "fairlib.sim.policies", "make_policy": "fairlib.sim.policies",
+        "simulate": "fairlib.sim.simulate", "SimResult": "fairlib.sim.simulate"}
+__all__ = [*_API, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        value = getattr(_importlib.import_module(_API[name]), name)
+        globals()[name] = value          # once: later lookups do not come here
+        return value
+    raise AttributeError(f"module 'fairlib' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_API))

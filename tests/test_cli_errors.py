@@ -249,10 +249,10 @@ def test_serve_on_a_port_in_use_and_out_of_range():
     assert r.returncode == 2 and "--port" in one_line(r.stderr) and "0..65535" in r.stderr
 
 
-@pytest.mark.parametrize("delay_s", [0.3, 0.9])
+@pytest.mark.parametrize("delay_s", [0.05, 0.3, 0.9])
 def test_ctrl_c_during_start_up_is_one_line(delay_s):
     """SIGINT while ``fairlib serve`` loads its modules and starts (about 1.5 s): one line, no traceback."""
-    p = subprocess.Popen([sys.executable, "-m", "fairlib.cli", "serve", "--port", "0"], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "fairlib", "serve", "--port", "0"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, cwd=ROOT, env=run_env())
     time.sleep(delay_s)
     p.send_signal(signal.SIGINT)
@@ -312,3 +312,101 @@ def test_serve_error_answers_are_openai_error_json(serve, case, status, type_):
     err = json.loads(body)["error"]
     assert set(err) == {"message", "type", "param", "code"}
     assert err["code"] == status and err["type"] == type_ and err["message"]
+
+
+def test_the_package_root_loads_its_api_on_first_use():
+    """``import fairlib`` loads neither numba nor pandas (the command line starts fast, and a Ctrl-C
+    while it loads is caught by ``fairlib.__main__``); ``fairlib.simulate`` and the rest resolve
+    when used, to the same objects as their modules'."""
+    code = ("import sys, fairlib; assert 'numba' not in sys.modules and 'pandas' not in sys.modules, 'eager'; "
+            "from fairlib.sim.simulate import simulate; assert fairlib.simulate is simulate; "
+            "from fairlib import Engine, POLICIES; assert 'numba' in sys.modules and 'fcfs' in POLICIES; "
+            "assert set(fairlib.__all__) <= set(dir(fairlib)); print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env=run_env())
+    assert r.stdout.strip() == "ok", r.stderr
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        fairlib.nope
+
+
+def test_the_installed_script_is_the_entry_that_catches_start_up_interrupts():
+    import tomllib
+    import fairlib.__main__ as entry
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"fairlib": "fairlib.__main__:main"} and callable(entry.main)
+
+
+class _EchoAuth:
+    """An OpenAI-shaped server that answers every completion 401 with the key it got in its error
+    text (as some servers do), and guards ``/metrics`` with the same credentials."""
+
+    def __init__(self, want: str):
+        import http.server
+        import threading
+        self.want, self.seen = want, []
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code, body, ctype):
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                auth = self.headers.get("Authorization")
+                outer.seen.append(("GET", self.path, auth))
+                if auth != outer.want:
+                    return self._send(401, b"unauthorized", "text/plain")
+                self._send(200, b"vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n", "text/plain")
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                auth = self.headers.get("Authorization")
+                outer.seen.append(("POST", self.path, auth))
+                err = {"error": {"message": f"Incorrect API key provided: {auth}", "type": "invalid_request_error"}}
+                self._send(401, json.dumps(err).encode(), "application/json")
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_key_the_server_echoes_and_the_metrics_credentials_are_masked(tmp_path):
+    """The server's 401 text holds the key: records.jsonl has it masked; /metrics gets the same
+    credentials as the completions (a guarded /metrics is sampled), and summary.json names it
+    without them. A ``metrics_url`` with its own ``user:password@`` sends those, as Basic."""
+    secret = "sk-echoed-KEY-4411aa"
+    df = pd.DataFrame({"arrival_ms": [0.0, 300.0, 600.0], "tenant": [0, 1, 0], "prompt_tokens": [4, 4, 4],
+                       "output_tokens": [3, 3, 3]})
+    srv = _EchoAuth(f"Bearer {secret}")
+    try:
+        cfg = EndpointConfig(base_url=f"http://127.0.0.1:{srv.port}/v1", model="m", api_key=secret)
+        s = client_run(build_schedule(df, seed=0), cfg, tmp_path / "a", scrape_metrics=True,
+                       metrics_interval_s=0.2, handle_sigint=False)
+        assert s["n_ok"] == 0 and s["server_metrics"]["samples"] >= 2 and s["server_metrics"]["errors"] == 0
+        gets = [a for m, p, a in srv.seen if m == "GET" and p == "/metrics"]
+        assert gets and set(gets) == {f"Bearer {secret}"}
+        recs = [json.loads(x) for x in (tmp_path / "a" / "records.jsonl").read_text().splitlines()]
+        assert [r["error_message"] for r in recs] == ['HTTP 401: Incorrect API key provided: Bearer ***'] * 3
+        assert grep_dir(tmp_path / "a", secret) == []
+
+        basic = "Basic " + base64.b64encode(b"bob:pw-METRICS-77e1").decode()
+        srv.want, srv.seen[:] = basic, []
+        cfg = EndpointConfig(base_url=f"http://127.0.0.1:{srv.port}/v1", model="m", api_key=secret,
+                             metrics_url=f"http://bob:pw-METRICS-77e1@127.0.0.1:{srv.port}/metrics")
+        s = client_run(build_schedule(df.iloc[:1], seed=0), cfg, tmp_path / "b", scrape_metrics=True,
+                       metrics_interval_s=0.2, handle_sigint=False)
+        assert {a for m, p, a in srv.seen if p == "/metrics"} == {basic} and s["server_metrics"]["samples"] >= 1
+        assert s["server_metrics"]["url"] == f"http://127.0.0.1:{srv.port}/metrics"   # sent without userinfo
+        assert grep_dir(tmp_path / "b", "pw-METRICS-77e1") == [] and grep_dir(tmp_path / "b", basic.split()[1]) == []
+    finally:
+        srv.close()

@@ -158,7 +158,16 @@ class EndpointConfig:
 
     @property
     def resolved_metrics_url(self) -> str:
-        return self.metrics_url or self.server_root + "/metrics"
+        """Where ``/metrics`` is read: ``metrics_url`` (without userinfo) or the server root's."""
+        return _split_userinfo(self.metrics_url)[0] if self.metrics_url else self.server_root + "/metrics"
+
+    @property
+    def metrics_headers(self) -> dict:
+        """The headers a ``/metrics`` GET sends: the endpoint's own and its credentials (those of
+        ``metrics_url``'s userinfo when it has some), as a gateway in front may guard it."""
+        basic = _split_userinfo(self.metrics_url)[1] if self.metrics_url else None
+        auth = {"Authorization": basic} if basic else self.auth_headers
+        return {**{k: v for k, v in self.headers.items() if not (auth and k.lower() == "authorization")}, **auth}
 
     @cached_property
     def auth_headers(self) -> dict:

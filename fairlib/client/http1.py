@@ -7,7 +7,8 @@ response is parsed in the connection's ``data_received``: each read is timestamp
 the run clock) and handed, de-chunked, to the consumer's callback without waking its task; the
 request's task wakes twice (headers, end).
 
-Scope: ``POST``/``GET`` over ``http://`` or ``https://`` (TLS through asyncio), no proxies (as
+Scope: ``POST``/``GET`` over ``http://`` or ``https://`` (TLS through asyncio, verified against
+the system's CA bundle or the file in ``SSL_CERT_FILE``), no proxies (as
 aiohttp without ``trust_env``), no redirects, no compression (no ``Accept-Encoding`` is sent).
 Bodies: ``Transfer-Encoding: chunked``, ``Content-Length``, or up to the server's close.
 

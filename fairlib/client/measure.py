@@ -141,7 +141,7 @@ def _run(schedule, endpoint, run_dir, stop: RunStop, *, workers, lag_threshold_m
         t0_box["t0"] = t0_wall
         if scrape_metrics:
             scraper = MetricsScraper(endpoint.resolved_metrics_url, rd.path / "server_metrics.jsonl",
-                                     t0_wall, interval_s=metrics_interval_s)
+                                     t0_wall, interval_s=metrics_interval_s, headers=endpoint.metrics_headers)
             scraper.start()
 
     gc.collect()
@@ -176,7 +176,7 @@ def _run(schedule, endpoint, run_dir, stop: RunStop, *, workers, lag_threshold_m
         summary["valid"] = False
     summary.update(workers=workers, worker_failures=failures, server_metrics=scrape_stats,
                    schedule_sha256=config["schedule"]["sha256"])
-    rd.write_json("summary.json", summary)
+    rd.write_json("summary.json", redact(summary, endpoint.secrets))
     if error is not None:
         raise error
     return summary

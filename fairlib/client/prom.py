@@ -118,10 +118,11 @@ class MetricsScraper:
     ``stop()``; the raw answers go to ``raw_path_for(path)``, their parse to ``path``."""
 
     def __init__(self, url: str, path, t0_wall: float, interval_s: float = 1.0, timeout_s: float = 2.0,
-                 prefixes=PREFIXES):
+                 prefixes=PREFIXES, headers: Optional[dict] = None):
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
         self.url, self.path, self.t0_wall = url, Path(path), t0_wall
+        self.headers = dict(headers or {})      # sent on each GET; reach the child on its stdin only
         self.raw_path = raw_path_for(self.path)
         self.interval_s, self.timeout_s, self.prefixes = interval_s, timeout_s, prefixes
         self.proc: Optional[subprocess.Popen] = None
@@ -133,7 +134,7 @@ class MetricsScraper:
 
     def start(self) -> "MetricsScraper":
         self.raw_path.write_bytes(b"")
-        conf = {"url": self.url, "raw_path": str(self.raw_path), "t0_wall": self.t0_wall,
+        conf = {"url": self.url, "headers": self.headers, "raw_path": str(self.raw_path), "t0_wall": self.t0_wall,
                 "interval_s": self.interval_s, "timeout_s": self.timeout_s, "parent": os.getpid()}
         try:
             # -I: no PYTHONPATH, user site or script folder on the path (this file needs the stdlib only)
@@ -180,13 +181,13 @@ def _die_with_parent(parent: int) -> None:
         sys.exit(0)
 
 
-def _sample(opener, url: str, t0_wall: float, timeout_s: float, out) -> bool:
+def _sample(opener, url: str, t0_wall: float, timeout_s: float, out, headers=None) -> bool:
     """One GET, its raw text (or error) appended to ``out``; False when the server has no ``/metrics``."""
     wall = time.time()
     line = {"t": wall - t0_wall, "wall": wall}
     found = True
     try:
-        with opener.open(url, timeout=timeout_s) as r:
+        with opener.open(urllib.request.Request(url, headers=headers or {}), timeout=timeout_s) as r:
             line["text"] = r.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         line["error"] = f"HTTP {e.code}"
@@ -223,12 +224,12 @@ def _child_main() -> int:
             if ready:
                 continue
             if live:
-                live = _sample(opener, url, t0, timeout_s, out)
+                live = _sample(opener, url, t0, timeout_s, out, conf.get("headers"))
             nxt += dt
             if nxt < time.time():
                 nxt = time.time() + dt
         if live:
-            _sample(opener, url, t0, timeout_s, out)   # a last sample at the end of the run
+            _sample(opener, url, t0, timeout_s, out, conf.get("headers"))   # a last sample at the end of the run
     return 0
 
 

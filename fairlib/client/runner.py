@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from fairlib.client.endpoint import EndpointConfig, build_request
+from fairlib.client.endpoint import EndpointConfig, build_request, redact
 from fairlib.client.http1 import ConnectError, HttpSession
 from fairlib.client.sse import (DONE, MalformedSSE, SSEParser, StreamAccumulator, StreamError,
                                 UnexpectedContentType, decode_event, loads_finite)
@@ -178,6 +178,8 @@ async def send_request(session: HttpSession, req, cfg: EndpointConfig, clock: Ru
         _fail(rec, "client_error", e)
     if end is None:
         end = clock.now()
+    if rec["error_message"]:    # the server's or the OS's words: a credential they echo is masked
+        rec["error_message"] = redact(rec["error_message"], cfg.secrets)
     return finish_record(rec, acc, end, clock.t0_wall)
 
 
