@@ -58,8 +58,9 @@ def run_scenario(spec: ScenarioSpec, seed: int, backend: str = "sim", *, policy:
     the one built from the arguments (an engine's own request settings:
     ``fairlib.calibrate.lifecycle.EngineProcess.endpoint_config``); ``tokenizer``: the served
     model's tokenizer, for prompts of exact token length; ``config_extra``: more to record in
-    ``config.json``'s ``extra``; ``handle_sigint``: Ctrl-C stops the run cleanly (the command
-    line; a notebook kernel keeps its own handler)."""
+    ``config.json``'s ``extra``; ``handle_sigint``: SIGINT (Ctrl-C) and SIGTERM stop the run
+    cleanly, its summary.json saying so (the command line; a notebook kernel keeps its own
+    handler)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "sim":

@@ -275,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--endpoint", required=True, type=_endpoint_url,
                    help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
     f.add_argument("--model", help="model name (default: the first the endpoint lists)")
+    _add_credentials(f)
     f.add_argument("--kind", choices=("vllm", "llamacpp", "openai"),
                    help="the server (default: what it says: llama.cpp's GET /props, vLLM's GET /version; else openai)")
     f.add_argument("--max-batch", type=int,
@@ -432,7 +433,7 @@ def cmd_fit(a) -> int:
     t0 = time.monotonic()
     try:
         eng = fitmod.endpoint_engine(a.endpoint, model=a.model, kind=a.kind, max_batch=a.max_batch,
-                                     tokenizer=tok, api=a.api)
+                                     tokenizer=tok, api=a.api, api_key=_api_key(a), headers=dict(a.header))
         if not a.quiet:
             i = eng.info()
             print(f"fairlib fit: {i['engine']} at {eng.base_url}, model {eng.model!r}, max_batch "

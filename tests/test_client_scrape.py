@@ -20,7 +20,7 @@ import pytest
 from fairlib.client import EndpointConfig, build_schedule, load_records, load_server_metrics, run
 from fairlib.client.http1 import HttpSession
 from fairlib.client.prom import MetricsScraper, parse_prometheus, parse_raw, raw_path_for
-from fairlib.records.rundir import read_jsonl
+from fairlib.records.rundir import RunDir, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 LOADGEN = ROOT / "benchmarks" / "loadgen.py"
@@ -100,11 +100,15 @@ def test_parse_raw_after_a_dead_run(tmp_path):
                    + json.dumps({"t": 1.5, "wall": 101.5, "elapsed_s": 2.0, "error": "TimeoutError: timed out"}) + "\n"
                    + json.dumps({"t": 2.5, "wall": 102.5, "elapsed_s": 0.01, "text": PROM.replace("3.0", "5.0")}) + "\n"
                    + '{"t": 3.5, "wall": 103.5, "te')
+    with pytest.raises(FileNotFoundError, match=r"parse_raw\("):      # not an empty table: say what to do
+        load_server_metrics(tmp_path)
     stats = parse_raw(raw, tmp_path / "server_metrics.jsonl")
     assert stats == {"samples": 2, "errors": 1, "last_error": "TimeoutError: timed out"}
     df = load_server_metrics(tmp_path)
     assert list(df["t"]) == [0.5, 2.5]
     assert list(df['vllm:num_requests_running{engine="0",model_name="m"}']) == [3.0, 5.0]
+    RunDir(tmp_path, overwrite=True)                   # a new run in the same place: no stale samples
+    assert not raw.exists() and load_server_metrics(tmp_path).empty
 
 
 def test_scraper_child_dies_with_its_parent(tmp_path):

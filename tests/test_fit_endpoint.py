@@ -255,3 +255,20 @@ def test_cli_stops_cleanly_on_a_signal(server, tmp_path, sig, code):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err and f"interrupted by {sig.name}" in lines[0], err
     assert not out.exists()
+
+
+def test_fit_of_a_guarded_endpoint_sends_the_key_and_never_writes_it(tmp_path, capfd):
+    """``fairlib serve --api-key`` guards /v1 as vLLM's does: the fit with ``--api-key`` measures it
+    (the key on every request, none in the file or the output); without it, one line naming 401."""
+    key = "sk-fit-KEY-93b0c1d4"
+    out = tmp_path / "guarded.json"
+    quick = ["--batches", "1,2,4,8", "--prompt-tokens", "16,256", "--decode-tokens", "16",
+             "--prefill-lengths", "16,256,512", "--repeats", "1", "--prefill-repeats", "1", "--quiet"]
+    with ServerProcess([*SERVE, "--api-key", key]) as srv:
+        with pytest.raises(SystemExit) as e:
+            main(["fit", "--endpoint", srv.base_url, "--out", str(out), *quick])
+        assert "401" in str(e.value) and len(str(e.value).splitlines()) == 1 and not out.exists()
+        assert main(["fit", "--endpoint", srv.base_url, "--api-key", key, "--out", str(out), *quick]) == 0
+    d = json.loads(out.read_text())
+    assert d["engine_info"]["model"] == "fairlib-sim" and d["fit"]["summary"]["max_batch"] == 8
+    assert key.encode() not in out.read_bytes() and key not in "".join(capfd.readouterr())

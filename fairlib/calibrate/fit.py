@@ -70,7 +70,7 @@ import shlex
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 from urllib.parse import urlsplit
@@ -253,20 +253,21 @@ def normalise_url(url) -> str:
     return f"{parts.scheme}://{netloc}{path}"
 
 
-def server_identity(base_url: str, model: Optional[str] = None) -> dict:
+def server_identity(base_url: str, model: Optional[str] = None, headers: Optional[dict] = None) -> dict:
     """What an endpoint says about itself (never raises): the models it lists (``GET /v1/models``;
     ``model``: the one asked for, default the first listed) with their ``root`` and
     ``max_model_len``, its kind and version (llama.cpp: ``GET /props`` ``build_info``, with
     ``total_slots`` as the batch limit and the per-slot ``n_ctx``; vLLM: ``GET /version``;
     ``fairlib serve``: ``GET /version`` "fairlib-serve ..." and ``max_batch`` from
     ``/fairlib/stats``; ``kind`` None when it tells nothing), and its ``Server`` header.
-    ``reachable``: it answered HTTP at all; ``error``: why ``/v1/models`` failed."""
+    ``reachable``: it answered HTTP at all; ``error``: why ``/v1/models`` failed. ``headers``: sent
+    with each GET (the credentials)."""
     base = str(base_url).rstrip("/")
     root = server_root(base)
     out = {"base_url": base, "server_root": root, "host": _host(base), "reachable": False, "error": None,
            "models": None, "model": model, "model_root": None, "kind": None, "version": None, "server": None,
            "max_model_len": None, "max_num_seqs": None, "max_num_seqs_source": None}
-    m = fetch_json(base + "/models")
+    m = fetch_json(base + "/models", headers=headers)
     if "error" in m:
         out["error"] = f"GET {base}/models: {m['error']}"
         if not str(m["error"]).startswith("HTTP "):     # nothing answered: ask no more
@@ -287,7 +288,7 @@ def server_identity(base_url: str, model: Optional[str] = None) -> dict:
                 out["max_model_len"] = entry["max_model_len"]
     elif "error" not in m:
         out["error"] = f"GET {base}/models: no model list in the answer"
-    props = fetch_json(root + "/props")
+    props = fetch_json(root + "/props", headers=headers)
     pb = props.get("body")
     if isinstance(pb, dict) and "build_info" in pb:
         out.update(kind="llamacpp", version=pb.get("build_info"))
@@ -297,12 +298,12 @@ def server_identity(base_url: str, model: Optional[str] = None) -> dict:
         if out["max_model_len"] is None and isinstance(n_ctx, int):
             out["max_model_len"] = n_ctx                 # the context of one slot
         return out
-    v = fetch_json(root + "/version")
+    v = fetch_json(root + "/version", headers=headers)
     vb = v.get("body")
     if isinstance(vb, dict) and isinstance(vb.get("version"), str):
         if vb["version"].startswith("fairlib-serve"):
             out.update(kind="fairlib", version=vb["version"])
-            st = fetch_json(root + "/fairlib/stats")
+            st = fetch_json(root + "/fairlib/stats", headers=headers)
             cfg = (st.get("body") or {}).get("config") if isinstance(st.get("body"), dict) else None
             mb = ((cfg or {}).get("engine") or {}).get("max_batch")
             if isinstance(mb, int):
@@ -327,7 +328,8 @@ class EndpointEngine:
     """An endpoint started elsewhere (any machine), with what :func:`fit_engine` reads of a started
     engine: ``kind``, ``base_url``, ``model``, ``settings`` (``max_num_seqs``: the batch limit),
     ``tokenizer()``, ``endpoint_config()``, ``server_root``; ``identity`` is
-    :func:`server_identity`'s answer. Made by :func:`endpoint_engine`."""
+    :func:`server_identity`'s answer; ``api_key`` and ``headers`` go with every request (never
+    into the fit). Made by :func:`endpoint_engine`."""
 
     kind: str
     base_url: str
@@ -338,6 +340,8 @@ class EndpointEngine:
     tokenizer_obj: object = None
     command: tuple = ()
     model_path: Optional[Path] = None
+    api_key: Optional[str] = field(default=None, repr=False)
+    headers: dict = field(default_factory=dict, repr=False)
 
     @property
     def server_root(self) -> str:
@@ -352,7 +356,8 @@ class EndpointEngine:
 
     def endpoint_config(self, **overrides):
         kw = dict(base_url=self.base_url, model=self.model, api=self.api, ignore_eos=True, send_priority=False,
-                  extra_body=dict(EXTRA_BODY.get(self.kind, {})), metrics_url=self.metrics_url)
+                  extra_body=dict(EXTRA_BODY.get(self.kind, {})), metrics_url=self.metrics_url,
+                  api_key=self.api_key, headers=dict(self.headers))
         kw.update(overrides)
         return EndpointConfig(**kw)
 
@@ -372,15 +377,19 @@ class EndpointEngine:
 
 
 def endpoint_engine(base_url: str, *, model: Optional[str] = None, kind: Optional[str] = None,
-                    max_batch: Optional[int] = None, tokenizer=None, api: str = "completions") -> EndpointEngine:
+                    max_batch: Optional[int] = None, tokenizer=None, api: str = "completions",
+                    api_key: Optional[str] = None, headers: Optional[dict] = None) -> EndpointEngine:
     """An :class:`EndpointEngine` for the endpoint at ``base_url``; ``ValueError`` (one line) when
     the URL is not one, nothing answers, the model is not served, ``kind`` contradicts what the
     server says, or the batch limit is unknown (``max_batch``: vLLM's ``--max-num-seqs``;
-    llama.cpp and ``fairlib serve`` tell theirs)."""
+    llama.cpp and ``fairlib serve`` tell theirs). ``api_key`` (sent as ``Authorization: Bearer``)
+    and ``headers`` go with every request."""
     base = normalise_url(base_url)
+    headers = dict(headers or {})
+    cred = {**headers, **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     if kind is not None and kind not in KINDS:
         raise ValueError(f"kind {kind!r}: one of {', '.join(KINDS)}")
-    ident = server_identity(base, model)
+    ident = server_identity(base, model, headers=cred)
     if not ident["reachable"]:
         raise ValueError(f"{base} does not answer ({ident['error']}): is the server up, and is this its "
                          "OpenAI base URL (http://HOST:PORT/v1)?")
@@ -414,18 +423,20 @@ def endpoint_engine(base_url: str, *, model: Optional[str] = None, kind: Optiona
                 "kind_source": "given" if kind else ("GET /props" if detected == "llamacpp" else
                                                      "GET /version" if detected else "default (openai)")}
     return EndpointEngine(kind=use, base_url=base, model=ident["model"], settings=settings, identity=ident,
-                          api=api, tokenizer_obj=tokenizer)
+                          api=api, tokenizer_obj=tokenizer, api_key=api_key, headers=headers)
 
 
 def fit_endpoint(base_url: str, *, model: Optional[str] = None, kind: Optional[str] = None,
                  max_batch: Optional[int] = None, tokenizer=None, api: str = "completions", out=None,
-                 verbose: bool = False, note: str = "", **settings) -> dict:
+                 verbose: bool = False, note: str = "", api_key: Optional[str] = None,
+                 headers: Optional[dict] = None, **settings) -> dict:
     """Measure and fit the endpoint at ``base_url`` (started elsewhere, any machine): the
     :func:`fit_engine` result, in the same format (``load_fit``, ``load_engine``, ``engine_at``
     read it), with the endpoint's identity in ``engine_info`` (:meth:`EndpointEngine.info`) and the
     client host in ``machine``. ``settings`` override :data:`DEFAULTS` of the kind
     (``fairlib fit --endpoint URL`` on the command line)."""
-    eng = endpoint_engine(base_url, model=model, kind=kind, max_batch=max_batch, tokenizer=tokenizer, api=api)
+    eng = endpoint_engine(base_url, model=model, kind=kind, max_batch=max_batch, tokenizer=tokenizer, api=api,
+                          api_key=api_key, headers=headers)
     return fit_engine(eng, max_batch=eng.settings["max_num_seqs"], out=out, verbose=verbose, note=note, **settings)
 
 
@@ -568,11 +579,11 @@ def _hist(metrics: dict, name: str) -> tuple:
     return s, c
 
 
-def _scrape(url: str) -> dict:
+def _scrape(url: str, headers=None) -> dict:
 
     try:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(url, timeout=3.0) as r:
+        with opener.open(urllib.request.Request(url, headers=dict(headers or {})), timeout=3.0) as r:
             return parse_prometheus(r.read().decode("utf-8", "replace"))
     except OSError:
         return {}
@@ -625,11 +636,11 @@ async def _measure_async(cfg, kind: str, p: dict) -> dict:
         for rep in range(p["repeats"]):
             for pt in p["prompt_tokens"]:
                 for B in p["batches"]:
-                    before = _scrape(metrics_url) if metrics_url else {}
+                    before = _scrape(metrics_url, cfg.metrics_headers) if metrics_url else {}
                     t = time.perf_counter()
                     recs = await send([plan(pt, p["decode_tokens"]) for _ in range(B)])
                     wall = time.perf_counter() - t
-                    after = _scrape(metrics_url) if metrics_url else {}
+                    after = _scrape(metrics_url, cfg.metrics_headers) if metrics_url else {}
                     pt_ = decode_point(recs, B)
                     pt_.update(rep=rep, prompt_tokens=pt, context=pt + p["decode_tokens"] / 2.0, wall_s=wall,
                                **_server_decode(recs, kind))

@@ -98,7 +98,7 @@ class RunDir:
         if rec.exists() and rec.stat().st_size > 0:
             if not overwrite:
                 raise FileExistsError(f"{rec} already holds records (pass overwrite=True to replace the run)")
-        for name in ("records.jsonl", "summary.json", "server_metrics.jsonl"):
+        for name in ("records.jsonl", "summary.json", "server_metrics.jsonl", "server_metrics.raw.jsonl"):
             p = self.path / name
             if p.exists():
                 p.unlink()
@@ -158,8 +158,13 @@ def load_summary(run_dir) -> dict:
 
 
 def load_server_metrics(run_dir):
-    """``server_metrics.jsonl`` as a DataFrame: ``t``, ``wall`` and one column per metric key."""
-
+    """``server_metrics.jsonl`` as a DataFrame: ``t``, ``wall`` and one column per metric key
+    (empty when the run sampled nothing). A run killed outright (SIGKILL) leaves only the raw
+    samples, ``server_metrics.raw.jsonl``: ``FileNotFoundError`` naming the call that parses them."""
     p = Path(run_dir) / "server_metrics.jsonl"
+    raw = p.with_name("server_metrics.raw.jsonl")
+    if not p.exists() and raw.exists() and raw.stat().st_size > 0:
+        raise FileNotFoundError(f"{p} is missing: the run ended before parsing its raw /metrics samples; "
+                                f"fairlib.client.prom.parse_raw('{raw}', '{p}') parses them")
     rows = read_jsonl(p) if p.exists() else []
     return pd.DataFrame([{"t": r["t"], "wall": r["wall"], **r["metrics"]} for r in rows])

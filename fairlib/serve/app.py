@@ -93,6 +93,20 @@ async def openai_errors(request: web.Request, handler):
         return error_response(500, f"internal server error: {type(e).__name__}: {e}", "InternalServerError")
 
 
+def require_key(key: str):
+    """vLLM's ``--api-key``: a request to a ``/v1`` route without ``Authorization: Bearer <key>``
+    gets 401 in OpenAI's error JSON; ``/health``, ``/version`` and ``/metrics`` stay open."""
+
+    @web.middleware
+    async def check(request: web.Request, handler):
+        if request.path.startswith("/v1") and request.headers.get("Authorization") != f"Bearer {key}":
+            return error_response(401, "Unauthorized: send 'Authorization: Bearer <api key>'",
+                                  "AuthenticationError")
+        return await handler(request)
+
+    return check
+
+
 # --- request parsing --------------------------------------------------------------------------
 
 def _is_int(v) -> bool:
@@ -325,7 +339,7 @@ def _rejected_response():
 
 def make_app(cfg) -> web.Application:
     """The aiohttp application; its driver starts and stops with it (``app[DRIVER]``)."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors, *([require_key(cfg.api_key)] if cfg.api_key else [])])
     state = {}
 
     async def start_driver(app):

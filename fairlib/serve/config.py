@@ -76,6 +76,7 @@ class ServeConfig:
     port: int = 8000
     spin_ms: float = 1.0
     tenant_header: str = "X-Tenant"
+    api_key: Optional[str] = field(default=None, repr=False)
 
     def __post_init__(self):
         if not isinstance(self.engine, Engine):
@@ -114,4 +115,5 @@ class ServeConfig:
         d = asdict(self)
         d["engine"] = self.engine.to_dict()
         d["tenant_names"] = list(self.tenant_names)
+        d["api_key"] = "<set>" if self.api_key else None     # never written or served
         return d

@@ -255,6 +255,8 @@ def add_arguments(p) -> None:
     p.add_argument("--tenants", type=int, default=8, help="most tenants told apart by the X-Tenant header")
     p.add_argument("--tenant-names", default="", help="comma-separated names given indices 0, 1, ... first")
     p.add_argument("--tenant-header", default="X-Tenant")
+    p.add_argument("--api-key", help="as vLLM's --api-key: the /v1 routes answer 401 unless sent "
+                                     "'Authorization: Bearer KEY'")
     p.add_argument("--max-waiting", type=int, help="HTTP 429 when this many requests wait (default: no cap)")
     p.add_argument("--mean-output-tokens", type=float, default=128.0,
                    help="mean of the geometric output length when a request does not force it (ignore_eos)")
@@ -277,7 +279,8 @@ def config_from_args(a) -> ServeConfig:
     return ServeConfig(engine=engine, policy=a.policy, policy_params=params, model=a.model, n_tenants=a.tenants,
                        tenant_names=names, n_classes=a.n_classes, max_waiting=a.max_waiting,
                        mean_output_tokens=a.mean_output_tokens, seed=a.seed, max_model_len=a.max_model_len,
-                       host=a.host, port=a.port, spin_ms=a.spin_ms, tenant_header=a.tenant_header)
+                       host=a.host, port=a.port, spin_ms=a.spin_ms, tenant_header=a.tenant_header,
+                       api_key=a.api_key or None)
 
 
 def wait_ready(root: str, timeout_s: float = 30.0) -> None:
