@@ -68,7 +68,7 @@ from fairlib.sim.engine import Engine
 from fairlib.sim.policies import POLICIES
 
 __all__ = ["KINDS", "SCENARIOS", "GOALS", "CHECKS", "runs_root", "endpoint_config", "model_tokenizer",
-           "CLOSE", "fit_file", "fitted_engine", "scenario_spec", "load_specs", "run_live", "save_runs", "load_saved", "sim_spec",
+           "fit_file", "fitted_engine", "scenario_spec", "load_specs", "run_live", "save_runs", "load_saved", "sim_spec",
            "simulate_pairs", "compare", "compare_all", "error_summary", "goal_table", "check", "published_table",
            "seed000_spec", "seed000_live", "seed000_compare", "SEED000_SHARE_PTS", "SAVED_FILES", "record", "fit_points",
            "scenario_table", "live_validity_table", "LIVE_VALIDITY_COLUMNS", "RECORD_SCENARIOS", "RECORD_SEEDS", "simulate_live",
@@ -108,17 +108,7 @@ def endpoint_config(kind: str, base_url: str, model: Optional[str] = None, *, pr
     model = model or resolve_model(base_url)
     extra = {"vllm": {"return_token_ids": True}, "llamacpp": {"cache_prompt": False}}.get(kind, {})
     return EndpointConfig(base_url=base_url, model=model, ignore_eos=True, send_priority=bool(priority and kind == "vllm"),
-                          extra_body=extra, timeout_s=timeout_s, headers=dict(CLOSE))
-
-
-#: Sent with every live request: no keep-alive. The client's pool otherwise reuses a connection
-#: the server closed when its keep-alive ran out (cpp-httplib and uvicorn: 5 s) and the request
-#: fails with "Can not write request body" (seen on llama-server in a scenario run).
-CLOSE = {"Connection": "close"}
-
-
-def _no_keepalive(cfg):
-    return replace(cfg, headers={**cfg.headers, **CLOSE})
+                          extra_body=extra, timeout_s=timeout_s)
 
 
 def model_tokenizer(kind: str):
@@ -193,14 +183,13 @@ def run_live(specs, seeds, cfg, runs_dir, *, kind: str, tokenizer=None, fit_info
     ``extra``: more to record in each run's config."""
     if server_policy is None:
         server_policy = "priority" if cfg.send_priority else "fcfs"
-    cfg = _no_keepalive(cfg)
     out = []
     for spec, info in specs:
         for seed in seeds:
             rd = Path(runs_dir) / spec.name / f"seed{seed}"
             more = {"engine_kind": kind, **info, "fit": fit_info or {}, "loadavg_1m": _loadavg(), **(extra or {})}
             out.append(run_scenario(spec, seed, "http", run_dir=rd, endpoint_config=cfg, tokenizer=tokenizer,
-                                    server_policy=server_policy, config_extra=more, scrape_metrics=False))
+                                    server_policy=server_policy, config_extra=more, scrape_metrics=True))
     return out
 
 
@@ -780,8 +769,8 @@ def seed000_live(cfg, spec_info, seed: int, run_dir, *, kind: str, tokenizer=Non
     more = {"engine_kind": kind, **info, "fit": fit_info or {}, "cut_after_s": spec.duration_s,
             "loadavg_1m": _loadavg(), **(extra or {})}
     return run_scenario(spec, seed, "http", run_dir=run_dir,
-                        endpoint_config=replace(_no_keepalive(cfg), timeout_s=spec.duration_s),
-                        tokenizer=tokenizer, server_policy="fcfs", config_extra=more, scrape_metrics=False)
+                        endpoint_config=replace(cfg, timeout_s=spec.duration_s),
+                        tokenizer=tokenizer, server_policy="fcfs", config_extra=more, scrape_metrics=True)
 
 
 def seed000_compare(run: Run) -> pd.DataFrame:
