@@ -28,9 +28,10 @@ they are compared on share and throughput only.
 **Sensitivity** (:func:`sensitivity`): every run simulated again with one fitted parameter scaled
 (``iter_base``, ``iter_slope``, ``prefill``), to show which errors test the cost model.
 
-**Live runs** do not sample ``/metrics`` while they send: against vLLM the client's scraper
-(a thread of the sending process, parsing a large page) stalled the send loop by up to 1.3 s and
-made runs invalid; the fit cross-checks ``/metrics`` between its batches instead. Recorded runs
+**Live runs** sample ``/metrics`` from a child process (``fairlib.client.prom``: the raw text saved
+as it comes, parsed after the run) and keep connections alive. The saved runs predate that: the
+scraper then parsed on the send loop and stalled it against vLLM by up to 1.3 s, so they were
+recorded without sampling and with ``Connection: close`` (their ``config.json`` says so). Recorded runs
 (:func:`record`, ``python -m fairlib.chapters.fidelity record KIND``) also wait for a quiet machine, run
 the engine a few nice steps below the client, and save the machine's load average with each run. They use an
 engine's own request settings (:func:`endpoint_config`: vLLM's
