@@ -31,7 +31,7 @@ they are compared on share and throughput only.
 **Live runs** sample ``/metrics`` from a child process (``fairlib.client.prom``: the raw text saved
 as it comes, parsed after the run) and keep connections alive. The saved runs predate that: the
 scraper then parsed on the send loop and stalled it against vLLM by up to 1.3 s, so they were
-recorded without sampling and with ``Connection: close`` (their ``config.json`` says so). Recorded runs
+recorded without sampling (``scrape_metrics`` false in their ``config.json``). Recorded runs
 (:func:`record`, ``python -m fairlib.chapters.fidelity record KIND``) also wait for a quiet machine, run
 the engine a few nice steps below the client, and save the machine's load average with each run. They use an
 engine's own request settings (:func:`endpoint_config`: vLLM's
