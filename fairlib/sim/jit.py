@@ -10,7 +10,7 @@ updates most of the loop's time (about 1.7 ms of a 2 ms seed-000 run).
 
 numba keys a cached function on its own source file only, but the entry points inline the
 policies: a changed policy would silently run the old code. So `entry` stamps its cache with a
-hash of every kernel source file (``KERNEL_FILES``: the state, lines, loop and this module, and
+hash of every kernel source file (``KERNEL_FILES``: the state, lines, loop, observed and this module, and
 fairlib/sim/policies/*.py) instead.
 """
 import hashlib
@@ -20,7 +20,7 @@ import numba as nb
 
 _HERE = Path(__file__).resolve().parent
 #: The files compiled into the kernels (the engine model's Python layer, e.g. simulate.py, is not).
-KERNEL_FILES = tuple([_HERE / f for f in ("jit.py", "state.py", "lines.py", "loop.py")]
+KERNEL_FILES = tuple([_HERE / f for f in ("jit.py", "state.py", "lines.py", "loop.py", "observed.py")]
                      + sorted((_HERE / "policies").glob("*.py")))
 
 

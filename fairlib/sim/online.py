@@ -44,7 +44,7 @@ from fairlib.sim.state import (
     grow,
 )
 
-__all__ = ["OnlineEngine", "Iteration"]
+__all__ = ["OnlineEngine", "Iteration", "append_request"]
 
 
 class Iteration(NamedTuple):
@@ -101,29 +101,11 @@ class OnlineEngine:
     def submit(self, tenant: int, prompt_tokens: int, output_tokens: int, arrival_ms: Optional[float] = None,
                est_output_tokens: Optional[int] = None, klass: int = 0, priority: int = 0) -> int:
         """Add one request; returns its id. Arrival defaults to the clock and never goes backwards."""
-        for name, v in (("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens)):
-            if isinstance(v, bool) or not float(v).is_integer() or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        if isinstance(tenant, bool) or not float(tenant).is_integer() or not 0 <= tenant < self.n_tenants:
-            raise ValueError(f"tenant must lie in 0..{self.n_tenants - 1}, got {tenant!r}")
-        n = self.n_requests
-        last = self.S.RF[ARRIVAL, n - 1] if n else 0.0
-        a = self.now_ms if arrival_ms is None else float(arrival_ms)
-        if math.isnan(a):
-            raise ValueError("arrival_ms must be a number, got NaN")
-        a = max(a, last)
-        est = int(output_tokens if est_output_tokens is None else est_output_tokens)
-        line, key, _ = self.policy.lines(np.array([n]), np.array([tenant]), np.array([klass]),
-                                         np.array([priority]), np.array([est]), self.n_tenants,
-                                         self.n_classes, self.priority_levels)
-        if n >= self.S.RF.shape[1]:
-            self.S = grow(self.S, 2 * self.S.RF.shape[1])
-        RF, RI = self.S.RF, self.S.RI
-        RF[ARRIVAL, n], RF[KEY, n] = a, key[0]
-        RI[TENANT, n], RI[PROMPT, n], RI[OUTPUT, n] = tenant, prompt_tokens, output_tokens
-        RI[EST, n], RI[KLASS, n], RI[LINE, n] = est, klass, line[0]
-        self.S.si[N_REQ] = n + 1
-        return n
+        self.S, rid = append_request(self.S, self.policy, self.n_tenants, self.n_classes, self.priority_levels,
+                                     tenant, prompt_tokens, output_tokens,
+                                     self.now_ms if arrival_ms is None else arrival_ms,
+                                     est_output_tokens, klass, priority)
+        return rid
 
     def advance(self, t_ms: float) -> None:
         """Move an idle engine's clock forward to `t_ms` (the wall clock of a real-time server)."""
@@ -155,3 +137,31 @@ class OnlineEngine:
                 "admitted_ms": float(RF[ADMITTED, rid]), "first_token_ms": float(RF[FIRST, rid]),
                 "finish_ms": float(RF[FINISH, rid]), "charged_ms": float(RF[CHARGED, rid]),
                 "preemptions": int(RI[PREEMPT, rid])}
+
+
+def append_request(S, policy, n_tenants: int, n_classes: int, priority_levels, tenant, prompt_tokens, output_tokens,
+                   arrival_ms, est_output_tokens=None, klass: int = 0, priority: int = 0):
+    """``(state, id)``: one request appended to ``S`` (grown when full) with its line and its key
+    in that line from ``policy.lines``; arrival never goes backwards. The checks name the field."""
+    for name, v in (("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens)):
+        if isinstance(v, bool) or not float(v).is_integer() or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    if isinstance(tenant, bool) or not float(tenant).is_integer() or not 0 <= tenant < n_tenants:
+        raise ValueError(f"tenant must lie in 0..{n_tenants - 1}, got {tenant!r}")
+    n = int(S.si[N_REQ])
+    last = S.RF[ARRIVAL, n - 1] if n else 0.0
+    a = float(arrival_ms)
+    if math.isnan(a):
+        raise ValueError("arrival_ms must be a number, got NaN")
+    a = max(a, last)
+    est = int(output_tokens if est_output_tokens is None else est_output_tokens)
+    line, key, _ = policy.lines(np.array([n]), np.array([tenant]), np.array([klass]), np.array([priority]),
+                                np.array([est]), n_tenants, n_classes, priority_levels)
+    if n >= S.RF.shape[1]:
+        S = grow(S, 2 * S.RF.shape[1])
+    RF, RI = S.RF, S.RI
+    RF[ARRIVAL, n], RF[KEY, n] = a, key[0]
+    RI[TENANT, n], RI[PROMPT, n], RI[OUTPUT, n] = tenant, prompt_tokens, output_tokens
+    RI[EST, n], RI[KLASS, n], RI[LINE, n] = est, klass, line[0]
+    S.si[N_REQ] = n + 1
+    return S, n

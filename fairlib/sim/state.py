@@ -11,8 +11,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-# request status codes
-UNDELIVERED, WAITING, RUNNING, FINISHED, REJECTED, HELD = 0, 1, 2, 3, 4, 5
+# request status codes (WITHDRAWN: left before finishing, outside the engine model: a gateway's
+# request whose client went away, whose upstream failed or that timed out waiting; fairlib/sim/observed.py)
+UNDELIVERED, WAITING, RUNNING, FINISHED, REJECTED, HELD, WITHDRAWN = 0, 1, 2, 3, 4, 5, 6
 
 # RF rows (float64 per request); AUX is the policy's own per-request number
 ARRIVAL, KEY, ADMITTED, FIRST, FINISH, CHARGED, AUX = range(7)

@@ -56,3 +56,12 @@ class RpmQuota(Policy):
         pf = np.zeros(2 + (n_tenants * ring if ring == limit else 0))
         pf[0], pf[1] = limit, ring
         return pf, np.zeros(2 * n_tenants, np.int64)   # ring pointer, ring fill
+
+    def retry_after_ms(self, pf, pi, n_tenants: int, tenant: int, t_ms: float):
+        """How long until ``tenant``'s oldest accepted arrival in the window leaves it (60 s after
+        it arrived): then one more request is accepted. 0 when the limit does not bind now."""
+        limit = int(pf[0])
+        if pf[0] > pf[1] or pi[n_tenants + tenant] < limit:
+            return 0.0
+        oldest = pf[2 + tenant * limit + pi[tenant]]
+        return max(0.0, oldest + WINDOW_MS - t_ms)

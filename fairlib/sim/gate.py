@@ -1,0 +1,255 @@
+"""The simulator's policies deciding for a real engine: ``PolicyGate``, the core of the gateway.
+
+A gateway holds the waiting lines and lets a request into the engine only when a slot is free, so
+the policy, not the engine's queue, decides who enters the batch. ``PolicyGate`` keeps the engine
+model's state (fairlib/sim/state.py) and drives it with the events a gateway sees, through the
+compiled entry points of fairlib/sim/observed.py: the same ``accept``/``select``/``on_admit``/
+``on_iteration`` hooks, the same lines and the same charges as ``simulate``, with each iteration's
+duration and emitters observed on the streams instead of computed.
+
+    gate = PolicyGate("vtc", n_tenants=2, slots=16)
+    rid, ok = gate.arrive(tenant=0, prompt_tokens=387, t_ms=0.0)       # at arrival: accept or reject
+    for rid in gate.admit(t_ms=0.0):                                    # who enters the free slots
+        ...dispatch rid upstream...
+    gate.observe([rid], [1], [False], dt_ms=12.0, t_ms=12.0)           # a decode step on the streams
+    gate.withdraw(rid, t_ms)                                           # cancelled / failed / timed out
+
+Charges (the engine model's step 5, measured): at admission ``prefill_ms_per_token * prompt`` (the
+fitted price; 0 splits prefill time equally over the step instead), per observed step ``per_seq =
+max(0, dt - prefill_ms_per_token * P) / n`` to each of its ``n`` emitters. The policy's counters
+move exactly as in the simulator for the same sequence of events.
+
+``log``: every call with its inputs and outcome (``record=True``), which ``replay`` feeds to a
+fresh gate: the same admissions, rejections and counters (the gateway's replay test).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+from fairlib.sim import observed
+from fairlib.sim.online import append_request
+from fairlib.sim.policies import make_policy
+from fairlib.sim.state import (
+    ADMITTED,
+    CHARGED,
+    FIRST,
+    GENERATED,
+    N_REQ,
+    N_RUNNING,
+    PROMPT,
+    REJECTED,
+    RUN_IDS,
+    STATUS,
+    T_ADMITTED,
+    T_DECODE,
+    T_FINISHED,
+    T_MACHINE,
+    T_PREFILL,
+    T_REJECTED,
+    T_RUNNING,
+    T_TOKENS,
+    TENANT,
+    WAITING,
+    allocate,
+)
+
+__all__ = ["PolicyGate", "UNKNOWN_OUTPUT", "replay"]
+
+#: RI[OUTPUT] of a request in flight: the gateway does not know its length until it finishes
+UNKNOWN_OUTPUT = 1 << 40
+
+
+def _check_time(name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number of milliseconds, got {v!r}")
+    return float(v)
+
+
+class PolicyGate:
+    def __init__(self, policy="fcfs", n_tenants: int = 1, slots: int = 16, prefill_ms_per_token: float = 0.0,
+                 n_classes: int = 4, priority_levels=range(-32, 33), capacity: int = 1024, record: bool = False,
+                 **policy_params):
+        """``slots``: the most requests ever in flight at once (the upstreams' slots together; the
+        slots open now are given to each :meth:`admit`). ``prefill_ms_per_token``: the engine's
+        fitted prefill price, charged at admission (the residency counter's prefill part)."""
+        self.policy = make_policy(policy, **policy_params)
+        for name, v, low in (("n_tenants", n_tenants, 1), ("slots", slots, 1), ("n_classes", n_classes, 1)):
+            if isinstance(v, bool) or not float(v).is_integer() or v < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
+        self.n_tenants, self.slots, self.n_classes = int(n_tenants), int(slots), int(n_classes)
+        pm = prefill_ms_per_token
+        if isinstance(pm, bool) or not isinstance(pm, (int, float)) or not math.isfinite(pm) or pm < 0:
+            raise ValueError(f"prefill_ms_per_token must be a finite number >= 0, got {pm!r}")
+        self.prefill_ms_per_token = float(pm)
+        self.priority_levels = np.unique(np.asarray(list(priority_levels), np.int64))
+        n_lines = self.policy.online_lines(self.n_tenants, self.n_classes)
+        self.S = allocate(capacity, self.n_tenants, n_lines, self.slots)
+        self.pf, self.pi = self.policy.state(self.n_tenants)
+        # E as the engine loop reads it: no iteration cost (measured), the fitted prefill price,
+        # E[3] set to the open slots at each admission, no prefill or KV limit (the engine's own)
+        self.E = np.array([0.0, 0.0, self.prefill_ms_per_token, float(self.slots), np.inf, np.inf])
+        self._saved = np.zeros(self.n_tenants, np.int64)
+        self.record = bool(record)
+        self.log: list = []
+        self.spec = {"policy": self.policy.name, "params": dict(policy_params), "n_tenants": self.n_tenants,
+                     "slots": self.slots, "prefill_ms_per_token": self.prefill_ms_per_token,
+                     "n_classes": self.n_classes, "priority_levels": [int(x) for x in self.priority_levels]}
+
+    # --- events ---------------------------------------------------------------------------------
+    def arrive(self, tenant: int, prompt_tokens: int, t_ms: float, est_output_tokens: Optional[int] = None,
+               klass: int = 0, priority: int = 0, arrival_ms: Optional[float] = None) -> tuple:
+        """A request is handed to the policy at ``t_ms`` (its arrival ``arrival_ms``, default the
+        same: a gateway delivers at once; an engine loop at its next iteration): ``(id,
+        accepted)``; a rejected one (the policy's admission control, e.g. rpm_quota) never runs."""
+        t = _check_time("t_ms", t_ms)
+        a = t if arrival_ms is None else _check_time("arrival_ms", arrival_ms)
+        if a > t:
+            raise ValueError(f"arrival_ms ({a}) must not lie after t_ms ({t})")
+        est = int(est_output_tokens) if est_output_tokens is not None else UNKNOWN_OUTPUT
+        self.S, rid = append_request(self.S, self.policy, self.n_tenants, self.n_classes, self.priority_levels,
+                                     tenant, prompt_tokens, UNKNOWN_OUTPUT, a, est, klass, priority)
+        observed.arrive(self.S, self.E, self.policy.pid, self.pf, self.pi, t)
+        ok = bool(self.S.RI[STATUS, rid] != REJECTED)
+        if self.record:
+            self.log.append(["arrive", t, int(tenant), int(prompt_tokens),
+                             None if est_output_tokens is None else int(est_output_tokens), int(klass), int(priority),
+                             rid, ok, a])
+        return rid, ok
+
+    def admit(self, t_ms: float, open_slots: Optional[int] = None) -> list:
+        """The requests that enter now, in the policy's order, while fewer than ``open_slots``
+        (default ``slots``) are in flight."""
+        t = _check_time("t_ms", t_ms)
+        cap = self.slots if open_slots is None else int(open_slots)
+        if cap < 0:
+            raise ValueError(f"open_slots must be >= 0, got {open_slots!r}")
+        self.E[3] = float(min(cap, self.slots))
+        before = int(self.S.si[N_RUNNING])
+        k = observed.admit(self.S, self.E, self.policy.pid, self.pf, self.pi, t)
+        ids = [int(x) for x in self.S.BT[RUN_IDS, before:before + k]]
+        if self.record and ids:
+            self.log.append(["admit", t, cap, ids])
+        return ids
+
+    def observe(self, ids: Sequence[int], tokens: Sequence[int], finished: Sequence[bool], dt_ms: float,
+                t_ms: float) -> float:
+        """One decode step seen on the streams: ``ids`` emitted ``tokens`` (>= 1 each) in ``dt_ms``
+        ending at ``t_ms``; ``finished``: whose stream ended with it. Returns ``per_seq`` (ms)."""
+        t = _check_time("t_ms", t_ms)
+        dt = _check_time("dt_ms", dt_ms)
+        if dt < 0:
+            raise ValueError(f"dt_ms must be >= 0, got {dt_ms!r}")
+        a = np.asarray(ids, np.int64)
+        k = np.asarray(tokens, np.int64)
+        f = np.asarray(finished, np.int64)
+        if not (a.shape == k.shape == f.shape) or a.ndim != 1:
+            raise ValueError("observe: ids, tokens and finished must be 1-D and of one length")
+        if a.size and (np.any(k < 1) or len(set(a.tolist())) != a.size):
+            raise ValueError("observe: every emitter brings >= 1 token and appears once")
+        running = set(self.running_ids())
+        if any(int(r) not in running for r in a):
+            raise ValueError(f"observe: ids not in flight: {sorted(set(a.tolist()) - running)}")
+        per_seq = float(observed.observe(self.S, self.E, self.policy.pid, self.pf, self.pi, a, k, f,
+                                         int(a.size), dt, t, self._saved))
+        if self.record:
+            self.log.append(["step", t, dt, a.tolist(), k.tolist(), [bool(x) for x in f]])
+        return per_seq
+
+    def withdraw(self, rid: int, t_ms: float) -> str:
+        """A request leaves outside a step: ``"waiting"`` / ``"in_flight"`` (where it was) or
+        ``"gone"`` (it had already finished, been rejected or withdrawn)."""
+        t = _check_time("t_ms", t_ms)
+        if not 0 <= rid < self.n_requests:
+            raise ValueError(f"withdraw: no request {rid!r}")
+        where = {1: "waiting", 2: "in_flight"}.get(int(observed.withdraw(self.S, int(rid), t)), "gone")
+        if self.record and where != "gone":
+            self.log.append(["withdraw", t, int(rid)])
+        return where
+
+    # --- state ----------------------------------------------------------------------------------
+    @property
+    def n_requests(self) -> int:
+        return int(self.S.si[N_REQ])
+
+    @property
+    def in_flight(self) -> int:
+        return int(self.S.si[N_RUNNING])
+
+    @property
+    def waiting(self) -> int:
+        return int(self.S.heap_n.sum())
+
+    def running_ids(self) -> list:
+        return [int(x) for x in self.S.BT[RUN_IDS, :self.S.si[N_RUNNING]]]
+
+    def waiting_of(self) -> np.ndarray:
+        """Requests waiting, per tenant."""
+        n = self.n_requests
+        RI = self.S.RI
+        w = RI[STATUS, :n] == WAITING
+        return np.bincount(RI[TENANT, :n][w], minlength=self.n_tenants)
+
+    def counters(self) -> Optional[np.ndarray]:
+        """The policy's per-tenant counters (None for a policy without)."""
+        return self.policy.counters(self.pf, self.n_tenants)
+
+    def tenant_state(self) -> dict:
+        """Per tenant (arrays): machine / prefill / decode ms charged, tokens, admitted, finished,
+        rejected, in flight, waiting; the policy's counters when it keeps them."""
+        S = self.S
+        out = {"machine_ms": S.TF[T_MACHINE].copy(), "prefill_ms": S.TF[T_PREFILL].copy(),
+               "decode_ms": S.TF[T_DECODE].copy(), "output_tokens": S.TI[T_TOKENS].copy(),
+               "admitted": S.TI[T_ADMITTED].copy(), "finished": S.TI[T_FINISHED].copy(),
+               "rejected": S.TI[T_REJECTED].copy(), "in_flight": S.TI[T_RUNNING].copy(),
+               "waiting": self.waiting_of()}
+        c = self.counters()
+        if c is not None:
+            out["counter"] = c
+        return out
+
+    def request(self, rid: int) -> dict:
+        RF, RI = self.S.RF, self.S.RI
+        return {"tenant": int(RI[TENANT, rid]), "status": int(RI[STATUS, rid]), "prompt_tokens": int(RI[PROMPT, rid]),
+                "generated": int(RI[GENERATED, rid]), "admitted_ms": float(RF[ADMITTED, rid]),
+                "first_token_ms": float(RF[FIRST, rid]), "charged_ms": float(RF[CHARGED, rid])}
+
+    def retry_after_s(self, tenant: int, t_ms: float) -> Optional[float]:
+        """When a request of ``tenant`` rejected at ``t_ms`` could be accepted (the policy's own
+        answer; None if it has none)."""
+        fn = getattr(self.policy, "retry_after_ms", None)
+        if fn is None:
+            return None
+        ms = fn(self.pf, self.pi, self.n_tenants, int(tenant), float(t_ms))
+        return None if ms is None else max(0.0, ms) / 1e3
+
+
+def replay(spec: dict, log: Sequence) -> PolicyGate:
+    """A fresh gate (``spec``: a gate's ``spec``) fed ``log``'s events; ``ValueError`` naming the
+    first event whose outcome differs from the one recorded (id, acceptance, admitted ids)."""
+    s = dict(spec)
+    gate = PolicyGate(s["policy"], n_tenants=s["n_tenants"], slots=s["slots"],
+                      prefill_ms_per_token=s["prefill_ms_per_token"], n_classes=s["n_classes"],
+                      priority_levels=s["priority_levels"], record=True, **s["params"])
+    for i, ev in enumerate(log):
+        kind = ev[0]
+        if kind == "arrive":
+            _, t, tenant, prompt, est, klass, prio, rid, ok, a = ev
+            got = gate.arrive(tenant, prompt, t, est, klass, prio, arrival_ms=a)
+            if got != (rid, ok):
+                raise ValueError(f"replay: event {i} ({kind}) gave {got}, the log says {(rid, ok)}")
+        elif kind == "admit":
+            _, t, cap, ids = ev
+            got = gate.admit(t, cap)
+            if got != list(ids):
+                raise ValueError(f"replay: event {i} (admit at {t} ms) admitted {got}, the log says {list(ids)}")
+        elif kind == "step":
+            _, t, dt, ids, toks, fin = ev
+            gate.observe(ids, toks, fin, dt, t)
+        elif kind == "withdraw":
+            gate.withdraw(ev[2], ev[1])
+        else:
+            raise ValueError(f"replay: event {i} has an unknown kind {kind!r}")
+    return gate
