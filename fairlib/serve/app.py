@@ -35,7 +35,8 @@ from fairlib import __version__
 from fairlib.client.schedule import WORDS
 from fairlib.serve.driver import Driver, QueueFull
 
-__all__ = ["make_app", "BadRequest", "DRIVER"]
+__all__ = ["make_app", "BadRequest", "DRIVER", "error_response", "error_type", "prompt_length", "messages_length",
+           "openai_error_middleware"]
 
 #: where the app keeps its driver (``app[DRIVER]``)
 DRIVER = web.AppKey("driver", Driver)
@@ -69,28 +70,36 @@ ROUTES = ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models",
           "GET /metrics", "GET /fairlib/stats")
 
 
-@web.middleware
-async def openai_errors(request: web.Request, handler):
-    """Every error answer as OpenAI error JSON (aiohttp's own 404/405/413 and any fault)."""
-    try:
-        return await handler(request)
-    except web.HTTPException as e:
-        if e.status < 400:
+def openai_error_middleware(routes, max_body_bytes: int, fault: str = "internal server error"):
+    """A middleware that answers every error in OpenAI's error JSON: aiohttp's own 404 (naming
+    ``routes``), 405, 413 (over ``max_body_bytes``), and any fault of the server itself (500)."""
+
+    @web.middleware
+    async def openai_errors(request: web.Request, handler):
+        try:
+            return await handler(request)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            if e.status == 404:
+                msg = f"no route {request.method} {request.path} (routes: {', '.join(routes)})"
+            elif e.status == 405:
+                allowed = ", ".join(sorted(getattr(e, "allowed_methods", ()) or ()))
+                msg = f"method {request.method} is not allowed on {request.path} (allowed: {allowed})"
+            elif e.status == 413:
+                msg = f"the request body exceeds {max_body_bytes} bytes ({max_body_bytes / 2 ** 20:g} MiB)"
+            else:
+                msg = e.text or e.reason
+            return error_response(e.status, msg, error_type(e.status))
+        except (ConnectionError, asyncio.CancelledError):
             raise
-        if e.status == 404:
-            msg = f"no route {request.method} {request.path} (routes: {', '.join(ROUTES)})"
-        elif e.status == 405:
-            allowed = ", ".join(sorted(getattr(e, "allowed_methods", ()) or ()))
-            msg = f"method {request.method} is not allowed on {request.path} (allowed: {allowed})"
-        elif e.status == 413:
-            msg = f"the request body exceeds {MAX_BODY_BYTES} bytes (64 MiB)"
-        else:
-            msg = e.text or e.reason
-        return error_response(e.status, msg, error_type(e.status))
-    except (ConnectionError, asyncio.CancelledError):
-        raise
-    except Exception as e:  # a fault of the server: still an answer the client can parse
-        return error_response(500, f"internal server error: {type(e).__name__}: {e}", "InternalServerError")
+        except Exception as e:  # a fault of the server: still an answer the client can parse
+            return error_response(500, f"{fault}: {type(e).__name__}: {e}", "InternalServerError")
+
+    return openai_errors
+
+
+openai_errors = openai_error_middleware(ROUTES, MAX_BODY_BYTES)
 
 
 def require_key(key: str):
@@ -131,7 +140,7 @@ def _opt_bool(body, name, default=False):
     return v
 
 
-def _prompt_len(prompt):
+def prompt_length(prompt):
     """(prompt_tokens, token ids or None)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -151,7 +160,7 @@ def _prompt_len(prompt):
     raise BadRequest(f"'prompt' must be a string or a list of token ids, got {type(prompt).__name__}", "prompt")
 
 
-def _messages_len(messages) -> int:
+def messages_length(messages) -> int:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list of messages", "messages")
     n = 0
@@ -184,7 +193,7 @@ def parse_request(body, api: str, cfg) -> dict:
     if api == "chat":
         if "messages" not in body:
             raise BadRequest("'messages' is required", "messages")
-        prompt_tokens, prompt_ids = _messages_len(body["messages"]), None
+        prompt_tokens, prompt_ids = messages_length(body["messages"]), None
         max_tokens = _opt_int(body, "max_completion_tokens", 1)
         if max_tokens is None:
             max_tokens = _opt_int(body, "max_tokens", 1)
@@ -192,7 +201,7 @@ def parse_request(body, api: str, cfg) -> dict:
     else:
         if "prompt" not in body:
             raise BadRequest("'prompt' is required", "prompt")
-        prompt_tokens, prompt_ids = _prompt_len(body["prompt"])
+        prompt_tokens, prompt_ids = prompt_length(body["prompt"])
         max_tokens = _opt_int(body, "max_tokens", 1)
         mt_field = "max_tokens"
     eng = cfg.engine

@@ -392,6 +392,7 @@ class Driver:
             "iterations": int(S.si[ITERATIONS]),
             "busy_ms": self.busy_ms,
             "tenants": dict(self.tenant_map),
+            "tenant_machine_ms": {name: float(S.TF[T_MACHINE, i]) for name, i in self.tenant_map.items()},
             "emission_lag_ms": pct(lags),
             "write_lag_ms": pct(wl),
             "timing_note": "lag = actual emission (or socket write) minus the engine model's intended iteration end",

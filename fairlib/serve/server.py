@@ -2,26 +2,15 @@
 or in a child process (tests, notebooks, benchmarks), and its command-line arguments."""
 from __future__ import annotations
 
-import argparse
-import asyncio
-import ctypes
 import errno
-import json
-import os
-import signal
-import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
-from aiohttp import web
-
-from fairlib.paths import repo_root
 from fairlib.serve.app import DRIVER, make_app
 from fairlib.serve.config import ENGINE_FIELDS, ServeConfig, load_engine_params
+from fairlib.servers import ChildServer, ThreadServer, port_number, run_until_signal, start_app
 from fairlib.sim.engine import Engine
 from fairlib.sim.policies import parse_policy_param
 
@@ -33,13 +22,7 @@ READY_PREFIX = "fairlib serve: listening on "
 
 async def start(cfg: ServeConfig):
     """Bind and start; returns ``(runner, port)`` (``runner.app[DRIVER]`` is the driver)."""
-    app = make_app(cfg)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
-    await site.start()
-    port = runner.addresses[0][1]
-    return runner, port
+    return await start_app(make_app(cfg), cfg.host, cfg.port)
 
 
 def _describe(cfg: ServeConfig, port: int) -> str:
@@ -51,187 +34,42 @@ def _describe(cfg: ServeConfig, port: int) -> str:
 
 
 def serve_forever(cfg: ServeConfig, announce=True) -> None:
-    """Run until SIGINT/SIGTERM. Prints one ready line (``READY_PREFIX`` + URL) when listening."""
-
-    async def main():
-        runner, port = await start(cfg)
-        if announce:
-            print(_describe(cfg, port), flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, stop.set)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
-        try:
-            await stop.wait()
-        finally:
-            await runner.cleanup()
-
-    asyncio.run(main())
+    """Run until SIGINT/SIGTERM/SIGHUP. Prints one ready line (``READY_PREFIX`` + URL) when listening."""
+    run_until_signal(lambda: start(cfg), (lambda port: _describe(cfg, port)) if announce else None)
 
 
-class _Base:
-    host = "127.0.0.1"
-    port: Optional[int] = None
-
-    @property
-    def root(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        """The OpenAI base URL (ending in ``/v1``)."""
-        return self.root + "/v1"
-
-    def get_json(self, path: str, timeout_s: float = 5.0) -> dict:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(self.root + path, timeout=timeout_s) as r:
-            return json.loads(r.read())
-
-    def get_text(self, path: str, timeout_s: float = 5.0) -> str:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(self.root + path, timeout=timeout_s) as r:
-            return r.read().decode("utf-8")
-
-    def stats(self) -> dict:
-        return self.get_json("/fairlib/stats")
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
-
-
-class ServerThread(_Base):
+class ServerThread(ThreadServer):
     """``fairlib serve`` on its own event loop in a background thread of this process (shares the
     GIL with the caller: use ``ServerProcess`` when timing matters)."""
 
+    name = "fairlib-serve"
+
     def __init__(self, cfg: Optional[ServeConfig] = None, **kw):
         self.cfg = cfg if cfg is not None else ServeConfig(port=0, **kw)
-        self._loop = self._thread = self._runner = None
-
-    def start(self) -> "ServerThread":
-        ready, box = threading.Event(), {}
-        self._loop = asyncio.new_event_loop()
-
-        def main():
-            asyncio.set_event_loop(self._loop)
-            try:
-                self._runner, self.port = self._loop.run_until_complete(start(self.cfg))
-            except BaseException as e:  # surface bind errors to the caller
-                box["error"] = e
-                ready.set()
-                return
-            ready.set()
-            self._loop.run_forever()
-            self._loop.run_until_complete(self._runner.cleanup())
-            self._loop.close()
-
-        self._thread = threading.Thread(target=main, name="fairlib-serve", daemon=True)
-        self._thread.start()
-        if not ready.wait(60):
-            raise RuntimeError("fairlib serve did not start within 60 s")
-        if "error" in box:
-            raise box["error"]
-        return self
+        super().__init__(lambda: start(self.cfg))
 
     @property
     def driver(self):
         return self._runner.app[DRIVER]
 
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._thread = None
+    def stats(self) -> dict:
+        return self.get_json("/fairlib/stats")
 
 
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): SIGTERM it when the parent dies, so that a killed test
-    run or notebook leaves no server behind."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-class ServerProcess(_Base):
+class ServerProcess(ChildServer):
     """``fairlib serve`` in a child process (``python -m fairlib.cli serve --port 0 ARGS``).
 
     ``args``: the CLI's serve arguments, e.g. ``["--iter-base-ms", "8", "--policy", "vtc"]``.
     ``start()`` waits for the ready line and the bound port; ``stop()`` sends SIGTERM (then kills).
     """
 
-    def __init__(self, args: Sequence[str] = (), env: Optional[dict] = None, startup_timeout_s: float = 120.0):
-        self.args = [str(a) for a in args]
-        self.env = env
-        self.startup_timeout_s = startup_timeout_s
-        self.proc: Optional[subprocess.Popen] = None
-        self.ready_line: Optional[str] = None
-        self._log: list = []
+    command, ready_prefix = "serve", READY_PREFIX
 
-    def start(self) -> "ServerProcess":
-        env = dict(os.environ if self.env is None else self.env)
-        root = str(repo_root())
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env.setdefault("NUMBA_CACHE_DIR", str(Path(root) / ".cache" / "numba"))
-        env["PYTHONUNBUFFERED"] = "1"
-        cmd = [sys.executable, "-m", "fairlib.cli", "serve", "--port", "0", *self.args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
-        box = {}
-
-        def reader():
-            for line in self.proc.stdout:
-                self._log.append(line.rstrip("\n"))
-                if "line" not in box and line.startswith(READY_PREFIX):
-                    box["line"] = line.strip()
-                    got.set()
-            got.set()
-
-        got = threading.Event()
-        threading.Thread(target=reader, name="fairlib-serve-log", daemon=True).start()
-        if not got.wait(self.startup_timeout_s) or "line" not in box:
-            self.stop()
-            raise RuntimeError("fairlib serve did not start:\n" + "\n".join(self._log[-40:]))
-        self.ready_line = box["line"]
-        url = self.ready_line[len(READY_PREFIX):].split()[0]
-        self.port = int(url.rsplit(":", 1)[1])
-        return self
-
-    @property
-    def log(self) -> list:
-        return list(self._log)
-
-    def stop(self) -> None:
-        p = self.proc
-        if p is None:
-            return
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-        self.proc = None
+    def stats(self) -> dict:
+        return self.get_json("/fairlib/stats")
 
 
 # --- command line -----------------------------------------------------------------------------
-
-def port_number(text: str) -> int:
-    """``--port``: an integer in 0..65535 (argparse type)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"must be an integer in 0..65535 (0: a free port), got {text!r}")
-    return v
-
 
 def add_arguments(p) -> None:
     """The ``serve`` subcommand's options."""
