@@ -1,12 +1,14 @@
 """The ``fairlib`` command line.
 
     fairlib serve    --port 8000 --iter-base-ms 8 --iter-slope-ms 1.5 --policy vtc --policy-param wq=2
+    fairlib gateway  --upstream http://127.0.0.1:8000/v1 --policy vtc --max-inflight 16 --port 8080
     fairlib run      --scenario noisy_neighbor --endpoint http://127.0.0.1:8000/v1 --seed 0 --out runs/nn/s0
     fairlib simulate --scenario noisy_neighbor --seed 0 --out runs/nn-sim/s0
     fairlib probe    --endpoint http://127.0.0.1:8000/v1 --out probe.json
     fairlib fit      --endpoint http://127.0.0.1:8000/v1 --max-batch 16 --out runs/fits/vllm.json
     fairlib analyze  RUN_DIR ... (fairlib.analysis)
 
+``gateway`` puts the book's policies in front of any OpenAI-compatible engine (fairlib.gateway).
 ``serve`` is a test double (the engine model in real time, fairlib.serve), never an engine.
 ``run`` sends a scenario's schedule open-loop to an endpoint and writes a run directory
 (fairlib.client.measure); ``simulate`` writes the same run-directory shape from the simulator
@@ -44,6 +46,8 @@ from fairlib.calibrate.probe import probe
 from fairlib.client import EndpointConfig
 from fairlib.client.endpoint import mask_url, redact, resolve_model
 from fairlib.client.measure import max_workers
+from fairlib.gateway.server import add_arguments as add_gateway_arguments
+from fairlib.gateway.server import gateway_from_args
 from fairlib.serve.server import add_arguments as add_serve_arguments
 from fairlib.serve.server import serve_from_args
 from fairlib.sim.policies import parse_policy_param
@@ -203,12 +207,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _Parser(prog="fairlib", description=__doc__.split("\n\n")[0].strip(),
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{serve,run,simulate,probe,fit,analyze}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{serve,gateway,run,simulate,probe,fit,analyze}")
 
     s = sub.add_parser("serve", help="an OpenAI-compatible test double timed by the engine model (not an engine)",
                        description="Serve the engine model in real time over HTTP (vLLM's wire format). A test "
                                    "double and a live demonstration of a policy: its numbers are never an engine's.")
     add_serve_arguments(s)
+
+    g = sub.add_parser("gateway", help="the fairness gateway: the book's policies in front of an engine",
+                       description="An OpenAI-compatible reverse proxy whose policy (the simulator's own code) decides "
+                                   "who enters each upstream's batch; tenants by x-llm-d-inference-fairness-id or API "
+                                   "key; charges from the stream as it runs; /metrics per tenant, /admin on loopback.")
+    add_gateway_arguments(g)
 
     r = sub.add_parser("run", help="send a scenario open-loop to an endpoint; write a run directory",
                        description="Send a scenario's schedule open-loop to an endpoint and write a run directory "
@@ -464,6 +474,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a = build_parser().parse_args(argv)
     if a.cmd == "serve":
         return serve_from_args(a)
+    if a.cmd == "gateway":
+        return gateway_from_args(a)
     try:
         if a.cmd == "run":
             return cmd_run(a)

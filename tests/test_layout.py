@@ -5,9 +5,9 @@ Levels, lowest first (a module may import its own level or a lower one):
 0. ``fairlib.paths``, ``fairlib.sim`` (the engine model and its policies), the package root
 1. ``fairlib.workload``, ``fairlib.traces``, ``fairlib.scenarios``: what is sent
 2. ``fairlib.records``: the seam both backends write and the analysis reads
-3. ``fairlib.client``: the HTTP backend
-4. ``fairlib.serve`` (test doubles), ``fairlib.backend`` (the one fork), ``fairlib.sweep``,
-   ``fairlib.analysis``
+3. ``fairlib.client``: the HTTP backend; ``fairlib.servers``: how fairlib's servers run
+4. ``fairlib.serve`` (test doubles), ``fairlib.gateway`` (the policies in front of an engine),
+   ``fairlib.backend`` (the one fork), ``fairlib.sweep``, ``fairlib.analysis``
 5. ``fairlib.calibrate``: probing and fitting real engines, their processes
 6. ``fairlib.chapters``: book-only code
 7. ``fairlib.cli`` and its entry ``fairlib.__main__``
@@ -24,8 +24,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "fairlib"
 LEVELS = {"fairlib.paths": 0, "fairlib.sim": 0, "fairlib": 0,
           "fairlib.workload": 1, "fairlib.traces": 1, "fairlib.scenarios": 1,
-          "fairlib.records": 2, "fairlib.client": 3,
-          "fairlib.serve": 4, "fairlib.backend": 4, "fairlib.sweep": 4, "fairlib.analysis": 4,
+          "fairlib.records": 2, "fairlib.client": 3, "fairlib.servers": 3,
+          "fairlib.serve": 4, "fairlib.gateway": 4, "fairlib.backend": 4, "fairlib.sweep": 4, "fairlib.analysis": 4,
           "fairlib.calibrate": 5, "fairlib.chapters": 6, "fairlib.cli": 7, "fairlib.__main__": 7}
 
 

@@ -1,0 +1,254 @@
+"""``GatewayConfig``: what ``fairlib gateway`` is started with, and the tenants file.
+
+Tenants (``--tenants FILE``, TOML)::
+
+    default_tenant = "anonymous"      # optional: requests of no known tenant go here; without it: 401
+    [[tenant]]
+    name = "classify"                 # the fairness id clients send (x-llm-d-inference-fairness-id)
+    weight = 1.0                      # vtc / lcf / residency / vtc_predict weight (default 1)
+    klass = 0                         # service class for weighted / aging (default 0)
+    priority = 0                      # for the priority policy: lower is served first (default 0)
+    api_key = "sk-classify"           # optional: 'Authorization: Bearer <key>' names this tenant
+    max_queue = 1000                  # optional: requests waiting at most (more: 429)
+
+Without a file the gateway is open: each fairness id gets the next tenant index as it first
+appears, up to ``max_tenants``; ids beyond share the last one, ``other`` (a caller-controlled
+label is a cardinality risk: llm-d caps its ``fairness_id`` label the same way); a request with no
+id is the tenant ``default``.
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+from urllib.parse import urlsplit
+
+from fairlib.sim.policies import POLICIES, make_policy
+
+__all__ = ["Tenant", "TenantTable", "GatewayConfig", "load_tenants", "with_tenant_weights", "FAIRNESS_HEADERS", "OVERFLOW_TENANT",
+           "DEFAULT_TENANT"]
+
+#: the tenant headers, llm-d's first, then the Gateway API Inference Extension's older name
+FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
+OVERFLOW_TENANT = "other"
+DEFAULT_TENANT = "default"
+_TENANT_KEYS = {"name", "weight", "klass", "priority", "api_key", "max_queue"}
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    weight: float = 1.0
+    klass: int = 0
+    priority: int = 0
+    api_key: Optional[str] = field(default=None, repr=False)
+    max_queue: Optional[int] = None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "weight": self.weight, "klass": self.klass, "priority": self.priority,
+                "api_key": "<set>" if self.api_key else None, "max_queue": self.max_queue}
+
+
+def _tenant(d: dict, where: str) -> Tenant:
+    unknown = sorted(set(d) - _TENANT_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {', '.join(sorted(_TENANT_KEYS))}")
+    name = d.get("name")
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise ValueError(f"{where}: 'name' must be a non-empty string of at most 200 characters, got {name!r}")
+    w = d.get("weight", 1.0)
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+        raise ValueError(f"{where}: 'weight' must be a finite number > 0, got {w!r}")
+    for k in ("klass", "priority"):
+        v = d.get(k, 0)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{where}: {k!r} must be an integer, got {v!r}")
+    if d.get("klass", 0) < 0:
+        raise ValueError(f"{where}: 'klass' must be >= 0, got {d['klass']!r}")
+    key = d.get("api_key")
+    if key is not None and (not isinstance(key, str) or not key):
+        raise ValueError(f"{where}: 'api_key' must be a non-empty string")
+    mq = d.get("max_queue")
+    if mq is not None and (isinstance(mq, bool) or not isinstance(mq, int) or mq < 0):
+        raise ValueError(f"{where}: 'max_queue' must be an integer >= 0, got {mq!r}")
+    return Tenant(name.strip(), float(w), int(d.get("klass", 0)), int(d.get("priority", 0)), key, mq)
+
+
+@dataclass(frozen=True)
+class TenantTable:
+    """The configured tenants (index = position) and the default tenant's name, or none (open)."""
+
+    tenants: tuple = ()
+    default_tenant: Optional[str] = None
+
+    @property
+    def is_open(self) -> bool:
+        return not self.tenants
+
+    def to_dict(self) -> dict:
+        return {"tenants": [t.to_dict() for t in self.tenants], "default_tenant": self.default_tenant}
+
+
+def load_tenants(spec) -> TenantTable:
+    """A ``TenantTable`` from a TOML file path, a mapping (the file's content) or None (open)."""
+    if spec is None:
+        return TenantTable()
+    if isinstance(spec, TenantTable):
+        return spec
+    if isinstance(spec, dict):
+        d, where = spec, "tenants"
+    else:
+        p = Path(spec)
+        try:
+            d = tomllib.loads(p.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ValueError(f"--tenants {p}: cannot read it ({e.strerror or e})") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"--tenants {p}: not TOML ({e})") from None
+        where = f"--tenants {p}"
+    unknown = sorted(set(d) - {"tenant", "default_tenant"})
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: tenant (a [[tenant]] table), default_tenant")
+    rows = d.get("tenant", [])
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"{where}: needs at least one [[tenant]] table")
+    tenants = tuple(_tenant(r, f"{where}: tenant {i}") for i, r in enumerate(rows))
+    names = [t.name for t in tenants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{where}: tenant names must be distinct, got {names}")
+    keys = [t.api_key for t in tenants if t.api_key]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{where}: two tenants share an api_key")
+    default = d.get("default_tenant")
+    if default is not None:
+        if not isinstance(default, str) or not default.strip():
+            raise ValueError(f"{where}: 'default_tenant' must be a tenant name")
+        if default not in names:
+            tenants = tenants + (Tenant(default.strip()),)
+    return TenantTable(tenants, default)
+
+
+def with_tenant_weights(policy: str, params: dict, tenants: TenantTable) -> dict:
+    """``params`` with the tenants file's weights for a policy that takes ``weights`` (vtc, lcf,
+    residency, vtc_predict), unless given; ``ValueError`` for a policy that does not exist."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    p = dict(params or {})
+    if "weights" in POLICIES[policy].params and "weights" not in p and not tenants.is_open:
+        p["weights"] = [t.weight for t in tenants.tenants]
+    return p
+
+
+def _check_url(u: str, what: str) -> str:
+    parts = urlsplit(str(u))
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{what} must be an http:// or https:// URL (the OpenAI base, e.g. "
+                         f"http://127.0.0.1:8000/v1), got {u!r}")
+    if parts.username or parts.password:
+        raise ValueError(f"{what}: the URL holds credentials; pass them with --upstream-api-key")
+    return str(u).rstrip("/")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Settings of one gateway (validated).
+
+    ``upstreams``: OpenAI base URLs (``.../v1``); ``max_inflight``: requests in each upstream at
+    most (its ``max_num_seqs``: the gateway keeps the engine's own queue empty), one number for
+    all or one per upstream. ``prefill_ms_per_token``: the engines' fitted prefill price (the
+    residency charge's prefill part; 0: prefill time is split over the step like decode time).
+    ``queue_timeout_s``: a request waiting longer gets 503 with Retry-After. ``step_tol_ms``:
+    the clustering tolerance of the step reconstruction (``"auto"``, fairlib/gateway/steps.py).
+    ``health_interval_s``: how often each upstream's ``/health`` is asked; ``health_failures``
+    misses in a row take it out, one answer puts it back. ``record_events``: keep the policy's
+    event log (``/admin/events``; the replay test and the chapters read it).
+    """
+
+    upstreams: tuple = ()
+    policy: str = "fcfs"
+    policy_params: dict = field(default_factory=dict)
+    max_inflight: tuple = (16,)
+    tenants: TenantTable = field(default_factory=TenantTable)
+    max_tenants: int = 64
+    host: str = "127.0.0.1"
+    port: int = 8080
+    prefill_ms_per_token: float = 0.0
+    max_queue: Optional[int] = None
+    queue_timeout_s: Optional[float] = None
+    step_tol_ms: object = "auto"
+    health_interval_s: float = 1.0
+    health_failures: int = 2
+    upstream_api_key: Optional[str] = field(default=None, repr=False)
+    api_key: Optional[str] = field(default=None, repr=False)
+    request_timeout_s: float = 600.0
+    record_events: bool = True
+    n_classes: int = 4
+
+    def __post_init__(self):
+        ups = self.upstreams
+        if isinstance(ups, str):
+            ups = (ups,)
+        ups = tuple(_check_url(u, "--upstream") for u in ups)
+        if not ups:
+            raise ValueError("the gateway needs at least one --upstream URL")
+        if len(set(ups)) != len(ups):
+            raise ValueError(f"--upstream: each URL once, got {list(ups)}")
+        object.__setattr__(self, "upstreams", ups)
+        mi = self.max_inflight
+        mi = (mi,) if isinstance(mi, int) and not isinstance(mi, bool) else tuple(mi)
+        if len(mi) == 1:
+            mi = mi * len(ups)
+        if len(mi) != len(ups) or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in mi):
+            raise ValueError(f"--max-inflight: an integer >= 1, or one per upstream ({len(ups)}), got {list(mi)}")
+        object.__setattr__(self, "max_inflight", mi)
+        if self.policy not in POLICIES:
+            raise ValueError(f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        object.__setattr__(self, "tenants", load_tenants(self.tenants))
+        for name, low in (("max_tenants", 1), ("port", 0), ("health_failures", 1), ("n_classes", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {v!r}")
+        if self.port > 65535:
+            raise ValueError(f"--port must be an integer in 0..65535, got {self.port!r}")
+        if self.max_queue is not None and (isinstance(self.max_queue, bool) or not isinstance(self.max_queue, int)
+                                           or self.max_queue < 0):
+            raise ValueError(f"--max-queue must be an integer >= 0, got {self.max_queue!r}")
+        for name in ("queue_timeout_s", "health_interval_s", "request_timeout_s", "prefill_ms_per_token"):
+            v = getattr(self, name)
+            if v is None and name == "queue_timeout_s":
+                continue
+            positive = name != "prefill_ms_per_token"
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                    or (positive and v == 0):
+                rel = "> 0" if positive else ">= 0"
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number {rel}, got {v!r}")
+        st = self.step_tol_ms
+        if st != "auto" and (isinstance(st, bool) or not isinstance(st, (int, float)) or not st > 0):
+            raise ValueError(f"--step-tol-ms must be 'auto' or a number of ms > 0, got {st!r}")
+        make_policy(self.policy, **self.effective_policy_params()).state(self.n_tenants)   # the parameters, now
+
+    def effective_policy_params(self) -> dict:
+        """The policy's parameters, the tenants' weights filled in (:func:`with_tenant_weights`)."""
+        return with_tenant_weights(self.policy, self.policy_params, self.tenants)
+
+    @property
+    def n_tenants(self) -> int:
+        """How many tenant indices the policy keeps: the configured ones, or ``max_tenants``."""
+        return len(self.tenants.tenants) if not self.tenants.is_open else self.max_tenants
+
+    @property
+    def slots(self) -> int:
+        return int(sum(self.max_inflight))
+
+    def to_dict(self) -> dict:
+        return {"upstreams": list(self.upstreams), "policy": self.policy, "policy_params": dict(self.policy_params),
+                "max_inflight": list(self.max_inflight), "tenants": self.tenants.to_dict(),
+                "max_tenants": self.max_tenants, "host": self.host, "port": self.port,
+                "prefill_ms_per_token": self.prefill_ms_per_token, "max_queue": self.max_queue,
+                "queue_timeout_s": self.queue_timeout_s, "step_tol_ms": self.step_tol_ms,
+                "health_interval_s": self.health_interval_s, "health_failures": self.health_failures,
+                "upstream_api_key": "<set>" if self.upstream_api_key else None,
+                "api_key": "<set>" if self.api_key else None, "request_timeout_s": self.request_timeout_s,
+                "record_events": self.record_events, "n_classes": self.n_classes}

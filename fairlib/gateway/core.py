@@ -1,0 +1,387 @@
+"""The gateway's state and decisions, apart from HTTP: tenants, the policy (``PolicyGate``), the
+upstreams with their slots and decode steps, the waiting requests and the metrics.
+
+Flow of one request (fairlib/gateway/app.py does the HTTP):
+
+1. ``tenant_of``: the fairness id header or the API key names the tenant (or 401);
+2. ``submit``: the tenant's queue cap (429), the policy's ``accept`` (429, e.g. rpm_quota with its
+   Retry-After), a waiting line; returns a future that resolves to the upstream it goes to;
+3. ``pump`` (after every arrival, finish and withdrawal): the policy's ``select`` fills the open
+   slots; each admitted request goes to the healthy upstream with the most free slots (ties: the
+   first listed);
+4. while it streams, ``tokens`` feeds each chunk to its upstream's ``StepTracker``; every closed
+   step is ``PolicyGate.observe`` (charges, the policy's counters), its finished requests free
+   their slots;
+5. ``release`` when its exchange with the upstream ends, however it ends; ``withdraw`` for a
+   request that leaves while waiting (client gone, timed out).
+
+Clock: milliseconds since the gateway started (``now_ms``), one clock for arrivals, steps and
+the event log.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fairlib.gateway.config import (
+    DEFAULT_TENANT,
+    FAIRNESS_HEADERS,
+    OVERFLOW_TENANT,
+    GatewayConfig,
+    with_tenant_weights,
+)
+from fairlib.gateway.steps import StepTracker
+from fairlib.serve.prometheus import TTFT_BUCKETS, Counter, Gauge, Histogram, Registry
+from fairlib.sim.gate import PolicyGate
+
+__all__ = ["Gateway", "Upstream", "Rejected", "Unauthorized", "REJECT_REASONS"]
+
+#: why a request was turned away, as the metrics and the ``x-fairlib-rejected-reason`` header say
+REJECT_REASONS = ("policy", "queue_full", "queue_timeout", "no_upstream", "unknown_tenant")
+QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
+                      160.0, 640.0)
+
+
+class Rejected(Exception):
+    """A request the gateway will not serve: ``status`` (429 or 503), ``reason`` (REJECT_REASONS),
+    ``retry_after_s`` (None: no advice)."""
+
+    def __init__(self, status: int, reason: str, message: str, retry_after_s: Optional[float] = None):
+        super().__init__(message)
+        self.status, self.reason, self.message, self.retry_after_s = status, reason, message, retry_after_s
+
+
+class Unauthorized(Exception):
+    """No tenant for this request (no configured tenant matches and there is no default)."""
+
+
+@dataclass
+class Upstream:
+    index: int
+    url: str                      # the OpenAI base, ".../v1"
+    max_inflight: int
+    tracker: StepTracker = None
+    in_flight: set = field(default_factory=set)
+    healthy: bool = True
+    misses: int = 0
+    dispatched: int = 0
+    failures: int = 0
+
+    @property
+    def root(self) -> str:
+        return self.url[:-3] if self.url.endswith("/v1") else self.url
+
+    @property
+    def free(self) -> int:
+        return self.max_inflight - len(self.in_flight)
+
+
+@dataclass
+class Pending:
+    """What the gateway keeps of one request it accepted."""
+    rid: int
+    tenant: int
+    arrival_ms: float
+    future: asyncio.Future
+    upstream: Optional[Upstream] = None
+    dispatched_ms: float = float("nan")
+    first_ms: float = float("nan")
+    max_tokens: Optional[int] = None
+    counted: int = 0              # output tokens seen so far
+
+
+class Gateway:
+    def __init__(self, cfg: GatewayConfig, clock=time.perf_counter):
+        self.cfg = cfg
+        self.clock = clock
+        self.t0 = clock()
+        self.upstreams = [Upstream(i, u, m) for i, (u, m) in enumerate(zip(cfg.upstreams, cfg.max_inflight))]
+        for up in self.upstreams:
+            up.tracker = self._tracker(up)
+        self.names: list = [t.name for t in cfg.tenants.tenants]
+        self.by_name = {n: i for i, n in enumerate(self.names)}
+        self.by_key = {t.api_key: i for i, t in enumerate(cfg.tenants.tenants) if t.api_key}
+        self.pending: dict = {}
+        self._timers: dict = {}
+        self.late_finishes = 0
+        self.policy_name, self.policy_params = cfg.policy, cfg.effective_policy_params()
+        self.gate = self._new_gate(cfg.policy, self.policy_params)
+        self._metrics()
+
+    # --- set-up -----------------------------------------------------------------------------
+    def _new_gate(self, policy: str, params: dict) -> PolicyGate:
+        return PolicyGate(policy, n_tenants=self.cfg.n_tenants, slots=self.cfg.slots,
+                          prefill_ms_per_token=self.cfg.prefill_ms_per_token, n_classes=self.cfg.n_classes,
+                          record=self.cfg.record_events, **params)
+
+    def _tracker(self, up: Upstream) -> StepTracker:
+        return StepTracker(lambda ids, toks, fin, dt, t: self._on_step(up, ids, toks, fin, dt, t),
+                           lambda rid: self._on_late(up, rid), self.cfg.step_tol_ms)
+
+    def _metrics(self) -> None:
+        r = self.registry = Registry()
+        L = ("tenant",)
+        self.m_admitted = r.add(Counter("fairlib_gateway_admitted", "Requests sent to an upstream", L))
+        self.m_rejected = r.add(Counter("fairlib_gateway_rejected", "Requests turned away, by reason",
+                                        ("tenant", "reason")))
+        self.m_prompt = r.add(Counter("fairlib_gateway_prompt_tokens", "Prompt tokens of the admitted requests", L))
+        self.m_output = r.add(Counter("fairlib_gateway_output_tokens", "Output tokens streamed", L))
+        self.m_residency = r.add(Counter("fairlib_gateway_residency_ms",
+                                         "Machine time charged (ms): prefill at admission, dt/B per observed step", L))
+        self.m_waiting = r.add(Gauge("fairlib_gateway_waiting", "Requests waiting in the gateway", L))
+        self.m_inflight = r.add(Gauge("fairlib_gateway_in_flight", "Requests in an upstream", L))
+        self.m_counter = r.add(Gauge("fairlib_gateway_policy_counter", "The policy's counter (vtc, lcf, residency)", L))
+        self.m_wait = r.add(Histogram("fairlib_gateway_queue_wait_seconds", "Time from arrival to dispatch", L,
+                                      QUEUE_WAIT_BUCKETS))
+        self.m_ttft = r.add(Histogram("fairlib_gateway_time_to_first_token_seconds",
+                                      "Time from arrival at the gateway to the first token", L, TTFT_BUCKETS))
+        self.m_up_inflight = r.add(Gauge("fairlib_gateway_upstream_in_flight", "Requests in each upstream", ("upstream",)))
+        self.m_up_healthy = r.add(Gauge("fairlib_gateway_upstream_healthy", "1 if the upstream takes requests",
+                                        ("upstream",)))
+        self.m_steps = r.add(Counter("fairlib_gateway_upstream_steps", "Decode steps rebuilt from the streams",
+                                     ("upstream",)))
+
+    # --- clock and tenants ------------------------------------------------------------------
+    def now_ms(self) -> float:
+        return (self.clock() - self.t0) * 1e3
+
+    def tenant_name(self, i: int) -> str:
+        return self.names[i] if i < len(self.names) else f"tenant{i}"
+
+    def tenant_of(self, headers, bearer: Optional[str]) -> int:
+        """The tenant index of a request: the API key's tenant, else the fairness id header's,
+        else the default tenant; ``Unauthorized`` when the tenants file knows none of them."""
+        if bearer and bearer in self.by_key:
+            return self.by_key[bearer]
+        fid = None
+        for h in FAIRNESS_HEADERS:
+            v = headers.get(h)
+            if v:
+                fid = v.strip()
+                break
+        tt = self.cfg.tenants
+        if not tt.is_open:
+            if fid is not None and fid in self.by_name:
+                return self.by_name[fid]
+            if tt.default_tenant is not None:
+                return self.by_name[tt.default_tenant]
+            raise Unauthorized(f"no tenant {fid!r}: send a known fairness id ({FAIRNESS_HEADERS[0]}) or API key"
+                               if fid else f"no tenant: send the {FAIRNESS_HEADERS[0]} header or a tenant's API key")
+        name = fid or DEFAULT_TENANT
+        i = self.by_name.get(name)
+        if i is None:
+            if len(self.names) < self.cfg.max_tenants - 1:      # a new index
+                i = len(self.names)
+            else:                                               # the last index is shared: "other"
+                name = OVERFLOW_TENANT
+                i = self.by_name.get(name, len(self.names))
+            if name not in self.by_name:
+                self.names.append(name)
+                self.by_name[name] = i
+        return i
+
+    def tenant_config(self, i: int):
+        tt = self.cfg.tenants.tenants
+        return tt[i] if i < len(tt) else None
+
+    # --- slots ------------------------------------------------------------------------------
+    def open_slots(self) -> int:
+        """How many may be in flight now: the healthy upstreams' slots, plus what still runs on the others."""
+        return sum(u.max_inflight if u.healthy else len(u.in_flight) for u in self.upstreams)
+
+    def _pick(self) -> Optional[Upstream]:
+        best = None
+        for u in self.upstreams:
+            if u.healthy and u.free > 0 and (best is None or u.free > best.free):
+                best = u
+        return best
+
+    # --- a request's life -------------------------------------------------------------------
+    def submit(self, tenant: int, prompt_tokens: int, est_output_tokens: Optional[int], klass: int, priority: int,
+               max_tokens: Optional[int] = None) -> Pending:
+        """Accept a request into its waiting line (``Rejected`` if it is turned away)."""
+        name = self.tenant_name(tenant)
+        if not any(u.healthy for u in self.upstreams):
+            self.m_rejected.inc(1, (name, "no_upstream"))
+            raise Rejected(503, "no_upstream", "no upstream is healthy: every upstream failed its health checks",
+                           self.cfg.health_interval_s)
+        tc = self.tenant_config(tenant)
+        cap = tc.max_queue if tc is not None and tc.max_queue is not None else self.cfg.max_queue
+        if cap is not None and self.gate.waiting_of()[tenant] >= cap:
+            self.m_rejected.inc(1, (name, "queue_full"))
+            raise Rejected(429, "queue_full", f"tenant {name!r} has {cap} requests waiting (its queue cap)", 1.0)
+        t = self.now_ms()
+        rid, ok = self.gate.arrive(tenant, max(1, int(prompt_tokens)), t, est_output_tokens, klass, priority)
+        if not ok:
+            self.m_rejected.inc(1, (name, "policy"))
+            ra = self.gate.retry_after_s(tenant, t)
+            raise Rejected(429, "policy", f"the policy {self.policy_name!r} turned the request away "
+                                          f"(tenant {name!r})", ra)
+        p = Pending(rid, tenant, t, asyncio.get_running_loop().create_future(), max_tokens=max_tokens)
+        self.pending[rid] = p
+        self.pump()
+        return p
+
+    def pump(self) -> None:
+        """Fill the open slots in the policy's order."""
+        if not self.gate.waiting:
+            return
+        t = self.now_ms()
+        for rid in self.gate.admit(t, self.open_slots()):
+            p = self.pending.get(rid)
+            up = self._pick()
+            if p is None or p.future.done() or up is None:
+                # its client left between acceptance and now, or no slot on a healthy upstream
+                self.gate.withdraw(rid, t)
+                self.pending.pop(rid, None)
+                if p is not None and not p.future.done():
+                    self.m_rejected.inc(1, (self.tenant_name(p.tenant), "no_upstream"))
+                    p.future.set_exception(Rejected(503, "no_upstream", "no upstream slot is free", 1.0))
+                continue
+            p.upstream, p.dispatched_ms = up, t
+            up.in_flight.add(rid)
+            up.dispatched += 1
+            up.tracker.dispatched(rid, t)
+            name = self.tenant_name(p.tenant)
+            self.m_admitted.inc(1, (name,))
+            self.m_prompt.inc(self.gate.request(rid)["prompt_tokens"], (name,))
+            self.m_wait.observe((t - p.arrival_ms) / 1e3, (name,))
+            p.future.set_result(up)
+
+    def withdraw(self, p: Pending, reason: Optional[str] = None) -> None:
+        """A waiting request leaves (client gone, queue timeout): out of its line."""
+        if p.upstream is None:
+            self.gate.withdraw(p.rid, self.now_ms())
+            self.pending.pop(p.rid, None)
+            if reason:
+                self.m_rejected.inc(1, (self.tenant_name(p.tenant), reason))
+            if not p.future.done():
+                p.future.cancel()
+
+    def tokens(self, p: Pending, t_ms: float, k: int, finished: bool) -> None:
+        """A chunk of ``k`` output tokens of ``p`` arrived at ``t_ms`` (``finished``: its last)."""
+        if p.counted == 0:
+            p.first_ms = t_ms
+            self.m_ttft.observe((t_ms - p.arrival_ms) / 1e3, (self.tenant_name(p.tenant),))
+        p.counted += k
+        if p.max_tokens is not None and p.counted >= p.max_tokens:
+            finished = True
+        up = p.upstream
+        up.tracker.tokens(p.rid, t_ms, k, finished)
+        self.m_output.inc(k, (self.tenant_name(p.tenant),))
+        self._arm(up)
+
+    def finish_seen(self, p: Pending, t_ms: float) -> None:
+        """A chunk with ``finish_reason`` and no tokens (llama.cpp's last chunk): the stream ends."""
+        up = p.upstream
+        up.tracker.finish(p.rid, t_ms)
+        self._arm(up)
+
+    def usage_tokens(self, p: Pending, total: int) -> None:
+        """The answer's ``usage.completion_tokens``: tokens the chunks did not show are added to
+        the request's entry in the open step (a chunk that carried several tokens)."""
+        extra = int(total) - p.counted
+        if extra > 0 and p.upstream.tracker.add_tokens(p.rid, extra):
+            p.counted += extra
+            self.m_output.inc(extra, (self.tenant_name(p.tenant),))
+
+    def release(self, p: Pending) -> None:
+        """The request's exchange with its upstream ended (normally, failed, or its client left)."""
+        up = p.upstream
+        self.pending.pop(p.rid, None)
+        if up is None:
+            self.withdraw(p)
+            return
+        up.tracker.finish(p.rid, self.now_ms())
+        self._arm(up)
+
+    # --- steps ------------------------------------------------------------------------------
+    def _on_step(self, up: Upstream, ids, toks, fin, dt, t) -> None:
+        self.gate.observe(ids, toks, fin, dt, t)
+        self.m_steps.inc(1, (str(up.index),))
+        freed = False
+        for r, f in zip(ids, fin):
+            if f:
+                up.in_flight.discard(r)
+                freed = True
+        if freed:
+            self.pump()
+
+    def _on_late(self, up: Upstream, rid: int) -> None:
+        self.late_finishes += 1
+        self.gate.withdraw(rid, self.now_ms())
+        up.in_flight.discard(rid)
+        self.pump()
+
+    def _arm(self, up: Upstream) -> None:
+        """A timer that closes the upstream's open step when its tolerance has passed."""
+        d = up.tracker.deadline()
+        if d is None or self._timers.get(up.index) is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._timers[up.index] = loop.call_later(max(0.0, d - self.now_ms()) / 1e3 + 1e-4, self._fire, up)
+
+    def _fire(self, up: Upstream) -> None:
+        self._timers[up.index] = None
+        up.tracker.poll(self.now_ms())
+        self._arm(up)
+
+    # --- upstream health --------------------------------------------------------------------
+    def mark(self, up: Upstream, ok: bool) -> None:
+        """One health check's (or a failed connection's) outcome."""
+        if ok:
+            up.misses = 0
+            if not up.healthy:
+                up.healthy = True
+                self.pump()
+        else:
+            up.misses += 1
+            if up.misses >= self.cfg.health_failures:
+                up.healthy = False
+
+    # --- policy switching -------------------------------------------------------------------
+    def idle(self) -> bool:
+        return not self.pending and self.gate.in_flight == 0 and self.gate.waiting == 0
+
+    def switch_policy(self, policy: str, params: Optional[dict] = None) -> None:
+        """A new policy with fresh counters and an empty event log (only while idle)."""
+        if not self.idle():
+            raise RuntimeError(f"the gateway is not idle ({self.gate.in_flight} in flight, {self.gate.waiting} "
+                               f"waiting): switch policies between runs")
+        p = with_tenant_weights(policy, params, self.cfg.tenants)
+        self.gate = self._new_gate(policy, p)
+        self.policy_name, self.policy_params = policy, p
+        for up in self.upstreams:
+            up.tracker = self._tracker(up)
+
+    # --- state ------------------------------------------------------------------------------
+    def state(self) -> dict:
+        ts = self.gate.tenant_state()
+        n = len(self.names)
+        tenants = {}
+        for i in range(n):
+            tenants[self.tenant_name(i)] = {k: (float(v[i]) if v.dtype.kind == "f" else int(v[i]))
+                                            for k, v in ts.items()}
+        return {"policy": self.policy_name, "policy_params": self.policy_params, "now_ms": self.now_ms(),
+                "in_flight": self.gate.in_flight, "waiting": self.gate.waiting, "pending": len(self.pending),
+                "late_finishes": self.late_finishes,
+                "upstreams": [{"url": u.url, "healthy": u.healthy, "in_flight": len(u.in_flight),
+                               "max_inflight": u.max_inflight, "dispatched": u.dispatched, "failures": u.failures,
+                               "steps": u.tracker.steps, "step_tol_ms": u.tracker.tol_ms} for u in self.upstreams],
+                "tenants": tenants, "gate": self.gate.spec}
+
+    def render_metrics(self) -> str:
+        ts = self.gate.tenant_state()
+        for i in range(len(self.names)):
+            name = (self.tenant_name(i),)
+            self.m_waiting.set(ts["waiting"][i], name)
+            self.m_inflight.set(ts["in_flight"][i], name)
+            self.m_residency.set_total(ts["machine_ms"][i], name)
+            if "counter" in ts:
+                self.m_counter.set(ts["counter"][i], name)
+        for u in self.upstreams:
+            self.m_up_inflight.set(len(u.in_flight), (str(u.index),))
+            self.m_up_healthy.set(1.0 if u.healthy else 0.0, (str(u.index),))
+        return self.registry.render()
