@@ -18,6 +18,7 @@ from fairlib.client import EndpointConfig, build_schedule
 from fairlib.client import run as client_run
 from fairlib.client.endpoint import resolve_model
 from fairlib.records import Run, load_run, simulate_run, write_run_dir
+from fairlib.records.summary import MAX_ERROR_RATE
 from fairlib.scenarios import ScenarioSpec, check_name
 
 __all__ = ["BACKENDS", "run_scenario", "resolve_model", "default_run_dir"]
@@ -45,7 +46,7 @@ def run_scenario(spec: ScenarioSpec, seed: int, backend: str = "sim", *, policy:
                  send_min_tokens: bool = False, server_policy: Optional[str] = None, lag_threshold_ms: float = 10.0,
                  workers: int = 1, timeout_s: float = 600.0, overwrite: bool = True, endpoint_config=None,
                  tokenizer=None, config_extra: Optional[dict] = None, scrape_metrics: bool = True,
-                 handle_sigint: bool = False) -> Run:
+                 handle_sigint: bool = False, max_error_rate: float = MAX_ERROR_RATE) -> Run:
     """One run of ``spec`` with ``seed``.
 
     ``sim``: the engine model under ``policy`` (default: the scenario's own, with its parameters
@@ -58,9 +59,10 @@ def run_scenario(spec: ScenarioSpec, seed: int, backend: str = "sim", *, policy:
     the one built from the arguments (an engine's own request settings:
     ``fairlib.calibrate.lifecycle.EngineProcess.endpoint_config``); ``tokenizer``: the served
     model's tokenizer, for prompts of exact token length; ``config_extra``: more to record in
-    ``config.json``'s ``extra``; ``handle_sigint``: SIGINT (Ctrl-C) and SIGTERM stop the run
-    cleanly, its summary.json saying so (the command line; a notebook kernel keeps its own
-    handler)."""
+    ``config.json``'s ``extra``; ``handle_sigint``: SIGINT (Ctrl-C), SIGTERM, SIGHUP and SIGQUIT
+    stop the run cleanly, its summary.json saying so (the command line; a notebook kernel keeps
+    its own handler); ``max_error_rate``: the share of failed answers above which the summary
+    warns and ``fairlib run`` exits 3 (``fairlib.records.summary``)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "sim":
@@ -87,5 +89,6 @@ def run_scenario(spec: ScenarioSpec, seed: int, backend: str = "sim", *, policy:
     extra = {**(config_extra or {}), "scenario": spec.to_dict(), "seed": int(seed), "backend": "http",
              "policy": server_policy}
     client_run(schedule, cfg, run_dir, workers=workers, lag_threshold_ms=lag_threshold_ms, config_extra=extra,
-               overwrite=overwrite, handle_sigint=handle_sigint, scrape_metrics=scrape_metrics)
+               overwrite=overwrite, handle_sigint=handle_sigint, scrape_metrics=scrape_metrics,
+               max_error_rate=max_error_rate)
     return load_run(run_dir)

@@ -181,8 +181,9 @@ def test_a_connection_the_server_closed_is_retried_not_an_error(tmp_path):
     rec = load_records(tmp_path / "r")
     assert list(rec.error_class) == ["none"] * 4 and s["n_ok"] == 4
     assert counts["idle_closed"] == 3 and counts["requests"] == 4     # each later request met a closed one
-    assert pd.isna(rec.error_message[0])
-    assert all("retried on a new connection" in m and "keep-alive" in m for m in rec.error_message[1:])
+    assert rec.error_message.isna().all()             # a success carries no error message
+    assert pd.isna(rec.retry_reason[0])
+    assert all("retried on a new connection" in m and "keep-alive" in m for m in rec.retry_reason[1:])
     assert list(rec.completion_tokens) == [4] * 4
 
 

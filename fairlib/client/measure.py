@@ -3,9 +3,12 @@
 ``run`` opens the run directory (``config.json``, ``env.json`` first), sends the schedule in this
 process (``fairlib.client.runner``) or sharded over worker processes (``fairlib.client.workers``),
 appends ``records.jsonl`` as requests complete, samples ``/metrics`` and writes ``summary.json``
-last, also when the run ends early: on SIGINT or SIGTERM (``RunStop``: in-flight requests are
+last, also when the run ends early: on every catchable signal that would end the process
+(``workers.SIGNALS``: SIGINT, SIGTERM, SIGHUP, SIGQUIT; ``RunStop``: in-flight requests are
 recorded as ``interrupted``, the summary names the signal in ``stopped_by``) and on an exception
-(written, then re-raised).
+(written, then re-raised). SIGKILL cannot be caught: the workers die with the client
+(``fairlib.client.workers``) and ``analyze`` reads a run without summary.json as incomplete.
+``exit_status(summary)`` is ``fairlib run``'s exit status (``fairlib.records.summary``).
 """
 from __future__ import annotations
 
@@ -23,9 +26,9 @@ from fairlib.client.runner import READ_BUFSIZE, run_inprocess
 from fairlib.client.schedule import Schedule
 from fairlib.client.workers import SIGNALS, run_sharded
 from fairlib.records.rundir import RunDir
-from fairlib.records.summary import summarize
+from fairlib.records.summary import MAX_ERROR_RATE, exit_status, summarize
 
-__all__ = ["run", "RunStop", "max_workers"]
+__all__ = ["run", "RunStop", "max_workers", "exit_status", "MAX_ERROR_RATE"]
 
 
 def max_workers() -> int:
@@ -34,9 +37,10 @@ def max_workers() -> int:
 
 
 class RunStop:
-    """The first SIGINT or SIGTERM of a run: ``signal`` is its name (``None`` until one arrives).
+    """The first stop signal of a run (``workers.SIGNALS``: SIGINT, SIGTERM, SIGHUP, SIGQUIT):
+    ``signal`` is its name (``None`` until one arrives).
 
-    ``install()`` puts the handler on both signals (from the main thread; elsewhere Python allows
+    ``install()`` puts the handler on each of them (from the main thread; elsewhere Python allows
     no handler and it does nothing), ``restore()`` puts the previous handlers back. The handler
     only records the name, so it is safe whatever the process is doing; the senders poll
     :meth:`is_set` (``runner.run_inprocess``, ``workers.run_sharded``)."""
@@ -74,7 +78,7 @@ def _check(schedule, cfg: EndpointConfig) -> None:
 
 
 def run(schedule, endpoint: EndpointConfig, run_dir, *, workers: int = 1, lag_threshold_ms: float = 10.0,
-        scrape_metrics: bool = True, metrics_interval_s: float = 1.0, start_delay_s: float = 0.2,
+        max_error_rate: float = MAX_ERROR_RATE, scrape_metrics: bool = True, metrics_interval_s: float = 1.0, start_delay_s: float = 0.2,
         spin_s: float = 1e-3, collect_env: bool = True, handle_sigint: bool = True,
         config_extra: Optional[dict] = None, overwrite: bool = False) -> dict:
     """Send ``schedule`` open-loop to ``endpoint``; write ``run_dir``; return the summary.
@@ -86,24 +90,29 @@ def run(schedule, endpoint: EndpointConfig, run_dir, *, workers: int = 1, lag_th
     processes (spawn; the calling script needs an ``if __name__ == "__main__":`` guard), at most
     :func:`max_workers`.
 
-    ``handle_sigint``: the first SIGINT or SIGTERM, however early (also while the workers
-    start), stops the run cleanly: unsent requests are dropped, in-flight ones recorded as
-    ``interrupted``, the summary says ``"interrupted": true`` and ``"stopped_by": "SIGTERM"``
-    (or ``"SIGINT"``), and ``run`` returns it; the caller decides what to do next (``fairlib run``
-    exits 130 / 143). Without it, a KeyboardInterrupt (or any exception) still leaves a summary
-    (``stopped_by`` its name) and is re-raised. The summary is ``valid`` only for a complete run
-    with at least one success and the schedule kept (``fairlib.records.summary``).
+    ``handle_sigint``: the first SIGINT, SIGTERM, SIGHUP or SIGQUIT, however early (also while
+    the workers start), stops the run cleanly: unsent requests are dropped, in-flight ones
+    recorded as ``interrupted``, the summary says ``"interrupted": true`` and ``"stopped_by"``
+    names the signal, and ``run`` returns it; the caller decides what to do next (``fairlib run``
+    exits 128 + the signal's number: 129, 130, 131, 143; :func:`exit_status`). Without it, a
+    KeyboardInterrupt (or any exception) still leaves a summary (``stopped_by`` its name) and is
+    re-raised. The summary is ``valid`` only for a complete run with at least one success and the
+    schedule kept; ``max_error_rate`` (0 to 1, recorded in config.json): above this share of
+    failed answers the summary warns and ``exit_status`` is 3 (``fairlib.records.summary``).
     """
     if not 1 <= workers <= max_workers():
         raise ValueError(f"workers must be between 1 and {max_workers()} (the CPU count), got {workers}")
     if not isinstance(schedule, Schedule):
         schedule = Schedule(schedule)
     _check(schedule, endpoint)
+    if not 0.0 <= float(max_error_rate) <= 1.0:
+        raise ValueError(f"max_error_rate must be between 0 and 1, got {max_error_rate}")
     stop = RunStop()
     if handle_sigint:
         stop.install()
     try:
         return _run(schedule, endpoint, run_dir, stop, workers=workers, lag_threshold_ms=lag_threshold_ms,
+                    max_error_rate=float(max_error_rate),
                     scrape_metrics=scrape_metrics, metrics_interval_s=metrics_interval_s,
                     start_delay_s=start_delay_s, spin_s=spin_s, collect_env=collect_env,
                     config_extra=config_extra, overwrite=overwrite)
@@ -111,7 +120,7 @@ def run(schedule, endpoint: EndpointConfig, run_dir, *, workers: int = 1, lag_th
         stop.restore()
 
 
-def _run(schedule, endpoint, run_dir, stop: RunStop, *, workers, lag_threshold_ms, scrape_metrics,
+def _run(schedule, endpoint, run_dir, stop: RunStop, *, workers, lag_threshold_ms, max_error_rate, scrape_metrics,
          metrics_interval_s, start_delay_s, spin_s, collect_env, config_extra, overwrite) -> dict:
     rd = RunDir(run_dir, overwrite=overwrite)
     rows = []
@@ -123,6 +132,7 @@ def _run(schedule, endpoint, run_dir, stop: RunStop, *, workers, lag_threshold_m
 
     config = {
         "endpoint": endpoint.to_dict(), "workers": workers, "lag_threshold_ms": lag_threshold_ms,
+        "max_error_rate": max_error_rate,
         "scrape_metrics": scrape_metrics, "metrics_interval_s": metrics_interval_s,
         "start_delay_s": start_delay_s, "spin_s": spin_s, "read_bufsize": READ_BUFSIZE,
         "schedule": {"sha256": schedule.sha256(), "n_requests": len(schedule), "meta": schedule.meta,
@@ -167,7 +177,7 @@ def _run(schedule, endpoint, run_dir, stop: RunStop, *, workers, lag_threshold_m
             scrape_stats = scraper.stop() if scraper is not None else None
     t0 = t0_box.get("t0", time.time())
     summary = summarize(rows, n_planned=len(schedule), requested_rate_rps=schedule.rate_rps,
-                        lag_threshold_ms=lag_threshold_ms, interrupted=interrupted,
+                        lag_threshold_ms=lag_threshold_ms, max_error_rate=max_error_rate, interrupted=interrupted,
                         stopped_by=stop.signal or (type(error).__name__ if error is not None else None),
                         t0_wall=t0, t_end_wall=time.time())
     if failures:

@@ -13,8 +13,9 @@ seconds, "wall": unix time, "elapsed_s", "text"}`` (or ``"error"`` instead of ``
 at once: nothing measured is lost if the run dies. ``stop()`` ends the child (a last sample first)
 and parses the raw text into ``path`` (``server_metrics.jsonl``: ``{"t", "wall", "metrics"}`` per
 sample); ``parse_raw`` does the same for a raw file a dead run left. The child exits when the
-parent dies (``PR_SET_PDEATHSIG``) or closes its stdin, ignores SIGINT (the parent's Ctrl-C
-handling stops it), and runs 10 nice levels below the parent (never competing with the sender).
+parent dies (``PR_SET_PDEATHSIG``) or closes its stdin, ignores SIGINT, SIGHUP and SIGQUIT (the
+parent stops it on those), and runs 10 nice levels below the parent (never competing with the
+sender).
 """
 from __future__ import annotations
 
@@ -201,8 +202,11 @@ def _sample(opener, url: str, t0_wall: float, timeout_s: float, out, headers=Non
 
 
 def _child_main() -> int:
-    """The child: the settings on stdin's first line; stdin's end (or the parent's death) stops it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """The child: the settings on stdin's first line; stdin's end (or the parent's death) stops it.
+    A Ctrl-C or a hang-up to the process group is the parent's to handle (it stops the run, then
+    closes stdin: the child takes its last sample); SIGTERM, its parent-death signal, ends it."""
+    for s in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(s, signal.SIG_IGN)
     try:
         os.nice(10)                     # below the sender, should they share a core
     except OSError:

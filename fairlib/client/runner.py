@@ -150,7 +150,7 @@ async def send_request(session: HttpSession, req, cfg: EndpointConfig, clock: Ru
         async with session.post(url, data=body, headers=headers, now=clock.now) as resp:
             rec["http_status"] = resp.status
             if resp.retried:   # the server closed the idle connection as the request left: sent again
-                rec["error_message"] = f"retried on a new connection ({resp.retried})"
+                rec["retry_reason"] = redact(f"retried on a new connection ({resp.retried})", cfg.secrets)
             if resp.status != 200:
                 rec["error_class"] = classify_status(resp.status)
                 rec["error_message"] = f"HTTP {resp.status}: {await _error_text(resp)}"[:2000]

@@ -4,12 +4,13 @@ Each worker imports, opens its event loop and reports ready; the parent then pic
 time (now + ``start_delay_s``) and releases them all at once. Records come back through one queue
 and are written by the parent as they arrive.
 
-Stopping: the parent owns the run's stop flag (``measure.RunStop``: the first SIGINT or SIGTERM)
+Stopping: the parent owns the run's stop flag (``measure.RunStop``: the first of ``SIGNALS``,
+SIGINT, SIGTERM, SIGHUP or SIGQUIT: every signal that would end the process and can be caught)
 and turns it into a shared stop event that each worker polls every ``STOP_POLL_S``; in-flight
 requests still produce ``interrupted`` records, unsent ones are dropped. A signal during start-up
-stops the workers before any request leaves. Workers start with SIGINT and SIGTERM blocked (a
-Ctrl-C to the whole process group cannot kill one mid-import) and then treat either as a stop of
-their own shard, which stops the run. A worker dies with its parent (``PR_SET_PDEATHSIG``, and a
+stops the workers before any request leaves. Workers start with ``SIGNALS`` blocked (a Ctrl-C or
+a terminal's hang-up to the whole process group cannot kill one mid-import) and then treat each
+as a stop of their own shard, which stops the run. A worker dies with its parent (``PR_SET_PDEATHSIG``, and a
 parent-pid check for the moment before it is set, or where prctl does not exist): a killed
 client leaves no process sending.
 """
@@ -19,6 +20,7 @@ import asyncio
 import ctypes
 import gc
 import multiprocessing as mp
+from multiprocessing import resource_tracker
 import os
 import queue
 import signal
@@ -31,7 +33,8 @@ __all__ = ["run_sharded", "SIGNALS"]
 
 READY_TIMEOUT_S = 120.0   # every worker imported and ready within this
 STOP_GRACE_S = 15.0       # after a stop, workers report within this, else they are terminated
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# every signal that would end the process and can be caught: a run stopped by one writes its summary
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -49,7 +52,7 @@ def _worker_main(i, shard, endpoint, spin_s, q, go, stop, t0v, parent_pid):
     _die_with_parent(parent_pid)
     own = {"stop": False}
 
-    def on_signal(signum, frame):   # this worker's own SIGINT/SIGTERM: stop the shard (the run follows)
+    def on_signal(signum, frame):   # this worker's own stop signal: stop the shard (the run follows)
         own["stop"] = True
 
     for s in SIGNALS:
@@ -92,6 +95,18 @@ def _worker_main(i, shard, endpoint, spin_s, q, go, stop, t0v, parent_pid):
         q.put(("failed", i, traceback.format_exc()))
 
 
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (else the first semaphore starts it) with every
+    one of ``SIGNALS`` blocked, a mask it keeps: it ignores SIGINT and SIGTERM itself, but a
+    SIGHUP or SIGQUIT to the process group (a closed terminal) would kill it, and the run would
+    end with its warning and traceback on stderr. A tracker already running is left as it is."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)   # a signal that came meanwhile lands now
+
+
 class _Never:
     def is_set(self) -> bool:
         return False
@@ -107,6 +122,7 @@ def run_sharded(schedule, endpoint, n: int, on_record, on_start, *, start_delay_
     when the run stops during start-up)."""
     flag = stop if stop is not None else _Never()
     ctx = mp.get_context("spawn")
+    _start_resource_tracker()
     q, go, halt = ctx.Queue(), ctx.Event(), ctx.Event()
     t0v = ctx.Value("d", 0.0, lock=False)
     shards = schedule.shard(n)

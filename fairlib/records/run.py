@@ -26,7 +26,7 @@ import pandas as pd
 
 from fairlib.records.rundir import RunDir, load_records, read_json
 from fairlib.records.schema import RECORD_FIELDS
-from fairlib.records.summary import summarize
+from fairlib.records.summary import MAX_ERROR_RATE, summarize
 from fairlib.sim.simulate import SimResult
 
 __all__ = ["RECORD_COLUMNS", "Run", "backend_of", "write_run_dir", "load_run", "records_summary"]
@@ -132,7 +132,8 @@ def records_summary(records: pd.DataFrame, config: Optional[dict] = None, finish
         requested = (len(s) - 1) / (s.max() - s.min()) if s.max() > s.min() else None
     n_planned = sched.get("n_requests", len(records))
     out = summarize(rows, n_planned=n_planned, requested_rate_rps=requested,
-                    lag_threshold_ms=float(config.get("lag_threshold_ms", 10.0)), interrupted=not finished)
+                    lag_threshold_ms=float(config.get("lag_threshold_ms", 10.0)), interrupted=not finished,
+                    max_error_rate=float(config.get("max_error_rate", MAX_ERROR_RATE)))
     if not finished:
         out["valid_reason"] = "no summary.json (the run did not finish): " + out["valid_reason"]
     out["backend"] = backend_of(config)

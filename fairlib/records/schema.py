@@ -11,6 +11,9 @@ answer (``streamed: false``) or one chunk carrying them all (``n_token_chunks`` 
 ``chunk_tokens`` are the tokens of each token chunk and ``chunk_tokens_source`` says where they
 come from (``usage`` deltas, ``token_ids``, or ``text``: the rule in ``fairlib.client.sse``).
 ``nonfinite`` lists where the server's JSON held ``NaN``/``Infinity`` (read as ``null``).
+``error_message`` is ``None`` for a success (``error_class`` ``"none"``); ``retry_reason`` says
+why a request was sent a second time (a keep-alive connection the server had closed as it left),
+whatever its outcome, and is ``None`` when it was sent once.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ RECORD_FIELDS = (
     "request_id", "worker", "tenant", "tenant_name", "priority", "api",
     "prompt_tokens", "max_tokens",
     "intended_send_s", "actual_send_s", "send_lag_ms", "intended_send_wall", "actual_send_wall",
-    "http_status", "error_class", "error_message",
+    "http_status", "error_class", "error_message", "retry_reason",
     "first_token_s", "last_token_s", "end_s",
     "ttft_s", "tpot_s", "e2e_s",
     "completion_tokens", "tokens_source", "n_token_chunks", "chunk_times_s", "chunk_tokens",
