@@ -45,7 +45,7 @@ from fairlib.calibrate.fit import normalise_url
 from fairlib.calibrate.probe import probe
 from fairlib.client import EndpointConfig
 from fairlib.client.endpoint import mask_url, redact, resolve_model
-from fairlib.client.measure import max_workers
+from fairlib.client.measure import MAX_ERROR_RATE, exit_status, max_workers
 from fairlib.gateway.server import add_arguments as add_gateway_arguments
 from fairlib.gateway.server import gateway_from_args
 from fairlib.serve.server import add_arguments as add_serve_arguments
@@ -246,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--lag-threshold-ms", type=_number(0), default=10.0,
                    help="p99 schedule lag (ms > 0) above which the run is invalid")
     r.add_argument("--timeout-s", type=_number(0), default=600.0, help="per-request timeout (seconds > 0)")
+    r.add_argument("--max-error-rate", type=float, default=MAX_ERROR_RATE,
+                   help=f"share of failed answers (0 to 1) above which a valid run warns and exits 3 "
+                        f"(default {MAX_ERROR_RATE:g})")
     r.add_argument("--no-metrics", action="store_true", help="do not sample the endpoint's /metrics")
 
     m = sub.add_parser("simulate", help="run a scenario in the simulator; write the same run-directory shape")
@@ -316,19 +319,16 @@ RUN_EXIT_STATUS = """exit status:
   1    the run is invalid or incomplete (summary.json's valid_reason says which condition
        failed), or the work failed before it ran (e.g. the endpoint lists no model)
   2    a usage error (a bad option or scenario file, an --out that holds a run)
-  130  stopped by SIGINT (Ctrl-C), 143 stopped by SIGTERM: in-flight requests are recorded as
-       interrupted, unsent ones dropped, and summary.json says interrupted (never valid)"""
+  3    valid, but the error rate exceeds --max-error-rate (summary.json: error_rate, warnings)
+  128+N  stopped by signal N: 129 SIGHUP, 130 SIGINT (Ctrl-C), 131 SIGQUIT, 143 SIGTERM:
+       in-flight requests are recorded as interrupted, unsent ones dropped, and summary.json
+       says interrupted (never valid)"""
 
 
 def run_exit_status(summary: dict) -> int:
-    """``fairlib run``'s exit status for a run's summary (``RUN_EXIT_STATUS``): 143 / 130 when
-    SIGTERM / SIGINT stopped it, else 0 for a valid run and 1 for any other."""
-    stopped = summary.get("stopped_by")
-    if stopped == "SIGTERM":
-        return 143
-    if stopped in ("SIGINT", "KeyboardInterrupt"):
-        return 130
-    return 0 if summary.get("valid") else 1
+    """``fairlib run``'s exit status for a run's summary (``RUN_EXIT_STATUS``; the rules are
+    ``fairlib.client.measure.exit_status``'s)."""
+    return exit_status(summary)
 
 
 def cmd_run(a) -> int:
@@ -352,7 +352,8 @@ def cmd_run(a) -> int:
     run = run_scenario(spec, seed, "http", endpoint_config=cfg, api=a.api, run_dir=out,
                        server_policy=a.server_policy, workers=a.workers,
                        lag_threshold_ms=a.lag_threshold_ms, scrape_metrics=not a.no_metrics, config_extra=extra,
-                       overwrite=a.overwrite, tokenizer=load_tokenizer(a.tokenizer), handle_sigint=True)
+                       overwrite=a.overwrite, tokenizer=load_tokenizer(a.tokenizer), handle_sigint=True,
+                       max_error_rate=a.max_error_rate)
     _print_summary(run.summary, out)
     return run_exit_status(run.summary)
 
@@ -366,6 +367,8 @@ def _print_summary(summary: dict, out) -> None:
           f"requested {fmt(summary.get('requested_rate_rps'))} req/s, achieved {fmt(summary.get('achieved_rate_rps'))}; "
           + ("VALID" if summary.get("valid") else f"INVALID ({summary.get('valid_reason')})")
           + (" [interrupted]" if summary.get("interrupted") else ""))
+    for w in summary.get("warnings") or []:
+        print(f"  WARNING: {w}")
     print(f"  {out}")
 
 

@@ -373,6 +373,6 @@ def test_run_help_documents_exit_codes(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     text = capsys.readouterr().out
-    for code in ("0 ", "1 ", "130", "143"):
+    for code in ("0 ", "1 ", "3 ", "129", "130", "131", "143", "--max-error-rate"):
         assert code in text
     assert "--workers" in text and "CPU count" in text
