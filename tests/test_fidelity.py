@@ -2,6 +2,8 @@
 saved engine fits and live runs in ``data/`` (what chapters 1 and 8 analyse by default), and the
 bounds the chapters assert on them. The live counterparts are in ``tests/test_real_engines.py``."""
 import copy
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -128,8 +130,8 @@ def test_saved_runs_meet_the_chapter_bounds():
     assert {"Vidur", "BLIS", "LLMServingSim 2.0"} <= set(pub["simulator"])
 
 
-def test_share_error_barely_depends_on_the_cost_model():
-    """Chapter 8's sensitivity claim on the saved runs: doubling iter_base moves the median share
+def test_doubling_iter_base_moves_latency_more_than_shares():
+    """Chapter 8's sensitivity section on the saved runs: doubling iter_base moves the median share
     error by less than two points and the median E2E p50 error by more than ten points of %."""
     runs, _ = _saved_table()
     sens = fd.sensitivity(runs, params=("iter_base_ms",), factors=(1.0, 2.0))
@@ -174,3 +176,21 @@ def test_live_validity_table_is_the_analysis_one_renamed_plus_the_live_columns()
     assert list(live.columns) == [*fd.LIVE_VALIDITY_COLUMNS.values(), "machine load (1 min)", "client pauses",
                                   "client paused (ms)"]
     assert live["client pauses"].tolist() == [fd.stalls(r)["n"] for r in runs]
+
+
+def test_chart_colours_name_one_thing():
+    """Chapter 8's engine colours are none of the policy colours nor chapter 7's measured and
+    simulated greys, and its other categories are drawn with dashes and shapes."""
+    from fairlib.analysis.charts import POLICY_COLOURS
+    import altair as alt
+    taken = {c.lower() for c in POLICY_COLOURS.values()} | {"#1a1a1a", "#a0a0a0"}  # + live.live_chart's
+    mine = [c.lower() for c in [*fd.ENGINE_COLOURS.values(), fd.OTHER_ENGINE_COLOUR]]
+    assert len(set(mine)) == len(mine) and not set(mine) & taken
+    runs, _ = _saved_table()
+    fits = {k: fit.load_fit(k) for k in fd.KINDS}
+    sens = fd.sensitivity([r for r in runs if r.name == "victim_baseline"], params=("iter_base_ms", "prefill_ms_per_token"),
+                          factors=(1.0, 2.0))
+    for chart in (fd.fit_chart(fits, alt), fd.sensitivity_chart(sens, alt)):
+        spec = json.dumps(chart.to_dict())
+        used = {c.lower() for c in re.findall(r'"(#[0-9a-fA-F]{6})"', spec)}
+        assert used and used <= set(mine), used

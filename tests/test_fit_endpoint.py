@@ -272,3 +272,28 @@ def test_fit_of_a_guarded_endpoint_sends_the_key_and_never_writes_it(tmp_path, c
     d = json.loads(out.read_text())
     assert d["engine_info"]["model"] == "fairlib-sim" and d["fit"]["summary"]["max_batch"] == 8
     assert key.encode() not in out.read_bytes() and key not in "".join(capfd.readouterr())
+
+
+# --- chapter 7 on http: its loads relative to the endpoint's engine, checked -----------------------
+
+def test_chapter7_specs_use_the_checked_fit_or_the_served_engine(fitted, server):
+    from fairlib.chapters import tenantbench as tb
+    from fairlib.sim.engine import Engine
+    d, out = fitted
+    specs, info = tb.endpoint_specs(["fair_share"], server.base_url, duration_s=5, fit_file=out)
+    assert info["file"] == str(out) and info["date"] == d["date"]
+    assert specs[0].scenario.engine.max_batch == TRUE["max_batch"]
+    # no fit_file: fairlib serve reports the engine model it runs, which sets the load
+    specs, info = tb.endpoint_specs(["fair_share"], server.base_url, duration_s=5)
+    assert info["file"] is None and specs[0].scenario.engine == Engine(**info["engine"])
+    assert specs[0].scenario.engine.iter_base_ms == TRUE["iter_base_ms"]
+
+
+def test_chapter7_refuses_a_fit_or_capacity_made_elsewhere(server):
+    from fairlib.chapters import tenantbench as tb
+    with pytest.raises(ValueError, match="the fit is for 'vllm', the endpoint is 'fairlib'"):
+        tb.endpoint_specs(["fair_share"], server.base_url, fit_file=fit.data_path("vllm"))
+    with pytest.raises(ValueError, match="engine_kind is 'vllm'|the endpoint is 'fairlib'"):
+        tb.endpoint_specs(["fair_share"], server.base_url, engine_kind="vllm")
+    with pytest.raises(ValueError, match="`capacity`.*is for backend='sim'.*fit_file"):
+        tb.endpoint_specs(["fair_share"], server.base_url, capacity=3.0)

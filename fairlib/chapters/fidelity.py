@@ -22,8 +22,8 @@ p50/p99 over the completed requests, and the output throughput (tokens emitted i
 per second). Errors: share in percentage points, latencies and throughput relative to the
 measured value, ``(predicted - measured) / measured``. A run is valid when the client kept its
 schedule (p99 send lag within the threshold); the chapter's figures use the valid runs only
-(``valid_only=True``; the default keeps every row). Seed-000 runs are cut after their window, so
-they are compared on share and throughput only.
+(``valid_only=True``; the default keeps every row). ``seed000`` runs (the blog post's scenario) are
+cut after their window, so they are compared on share and throughput only.
 
 **Sensitivity** (:func:`sensitivity`): every run simulated again with one fitted parameter scaled
 (``iter_base``, ``iter_slope``, ``prefill``), to show which errors test the cost model.
@@ -72,9 +72,11 @@ __all__ = ["KINDS", "SCENARIOS", "GOALS", "CHECKS", "runs_root", "endpoint_confi
            "fit_file", "fitted_engine", "scenario_spec", "load_specs", "run_live", "save_runs", "load_saved", "sim_spec",
            "simulate_pairs", "compare", "compare_all", "error_summary", "goal_table", "check", "published_table",
            "seed000_spec", "seed000_live", "seed000_compare", "SEED000_SHARE_PTS", "SAVED_FILES", "record", "fit_points",
-           "scenario_table", "live_validity_table", "LIVE_VALIDITY_COLUMNS", "RECORD_SCENARIOS", "RECORD_SEEDS", "simulate_live",
+           "scenario_table", "live_validity_table", "LIVE_VALIDITY_COLUMNS", "RECORD_SCENARIOS", "SAVED_SCENARIOS",
+           "RECORD_SEEDS", "RECORD_DURATION_S", "RECORD_SEED000_S", "simulate_live", "STALL_GAP_MS", "STALL_REPEAT",
+           "STALL_BURST_MS",
            "METRICS", "LATENCY_METRICS", "METRIC_LABELS", "both_ways", "sensitivity", "SENSITIVITY_PARAMS",
-           "SENSITIVITY_FACTORS", "PARAM_LABELS", "idle_ttft", "ENGINE_COLOURS", "fit_chart", "crosscheck_table",
+           "SENSITIVITY_FACTORS", "PARAM_LABELS", "idle_ttft", "ENGINE_COLOURS", "OTHER_ENGINE_COLOUR", "fit_chart", "crosscheck_table",
            "valid_rows", "long_errors", "scenario_errors", "scenario_error_chart", "scatter_chart",
            "sensitivity_table", "sensitivity_chart", "stalls", "run_costs"]
 
@@ -397,9 +399,9 @@ def goal_table(table: pd.DataFrame, valid_only: bool = False) -> pd.DataFrame:
     """Per engine: how many tenant rows meet each of the issue's goals (:data:`GOALS`)."""
     rows = []
     for eng, t in _valid(table, valid_only).groupby(level="engine", sort=False):
-        for k, col, lim in (("E2E p50 within 10%", "e2e_p50_ms_err", GOALS["e2e_p50_pct"]),
-                            ("TTFT p50 within 20%", "ttft_p50_ms_err", GOALS["ttft_p50_pct"]),
-                            ("share within 2 points", "share_pct_err", GOALS["share_pts"])):
+        for k, col, lim in ((f"E2E p50 within {GOALS['e2e_p50_pct']:g}%", "e2e_p50_ms_err", GOALS["e2e_p50_pct"]),
+                            (f"TTFT p50 within {GOALS['ttft_p50_pct']:g}%", "ttft_p50_ms_err", GOALS["ttft_p50_pct"]),
+                            (f"share within {GOALS['share_pts']:g} points", "share_pct_err", GOALS["share_pts"])):
             e = t[col].astype(float).dropna().abs()
             rows.append({"engine": eng, "goal": k, "rows meeting it": int((e <= lim).sum()), "rows": int(e.size),
                          "fraction": float((e <= lim).mean()) if e.size else math.nan})
@@ -555,7 +557,13 @@ def live_validity_table(runs: Sequence[Run]) -> pd.DataFrame:
     return v.set_index(["engine", "scenario", "seed"])
 
 
-def stalls(run: Run, gap_ms: float = 100.0, repeat: int = 3, burst_ms: float = 5.0) -> dict:
+#: What :func:`stalls` counts as a client pause: a gap of more than this many ms between token
+#: chunks, after which one stream delivered this many chunks within this many ms.
+STALL_GAP_MS, STALL_REPEAT, STALL_BURST_MS = 100.0, 3, 5.0
+
+
+def stalls(run: Run, gap_ms: float = STALL_GAP_MS, repeat: int = STALL_REPEAT,
+           burst_ms: float = STALL_BURST_MS) -> dict:
     """Pauses of the client seen in a live run's streams: gaps of more than ``gap_ms`` between
     consecutive token chunks of the whole run (all streams together) while a request was in
     flight, after which one stream delivered at least ``repeat`` chunks within ``burst_ms``
@@ -607,27 +615,43 @@ def run_costs(runs: Sequence[Run], valid_only: bool = True) -> pd.DataFrame:
 
 
 # --- chapter 8's tables and charts ----------------------------------------------------------------
-#: One colour per engine in chapter 8's charts.
-ENGINE_COLOURS = {"vllm": "#4c78a8", "llamacpp": "#f58518"}
+#: One colour per engine in chapter 8's charts: none of the policy colours
+#: (``fairlib.analysis.charts.POLICY_COLOURS``) nor the measured/simulated greys of chapter 7, so
+#: that a colour names one thing across the book. Other categories of chapter 8's charts (the
+#: decode context, the scaled parameter) are told apart by shape and dash, not by colour.
+ENGINE_COLOURS = {"vllm": "#5e3c99", "llamacpp": "#b8860b"}
+#: An engine outside :data:`ENGINE_COLOURS`.
+OTHER_ENGINE_COLOUR = "#888888"
+#: Dash patterns and point shapes for the categories drawn in one colour.
+DASHES = ([1, 0], [6, 3], [2, 2], [8, 3, 2, 3])
+SHAPES = ("circle", "square", "triangle-up", "diamond")
 
 
 def _engine_scale(alt, kinds):
     kinds = list(kinds)
-    return alt.Scale(domain=kinds, range=[ENGINE_COLOURS.get(k, "#888888") for k in kinds])
+    return alt.Scale(domain=kinds, range=[ENGINE_COLOURS.get(k, OTHER_ENGINE_COLOUR) for k in kinds])
 
 
 def fit_chart(fits: dict, alt):
-    """The fitted lines against the measured iteration times, one panel per engine."""
+    """The fitted lines against the measured iteration times, one panel per engine (in the
+    engine's colour); the decode context by point shape and line dash."""
     pts = fit_points(fits)
     order = [f"{c:.0f} tokens" for c in sorted(pts["context"].unique())]
     pts["context"] = pts["context"].map(lambda c: f"{c:.0f} tokens")
     pts[["measured_ms", "fitted_ms"]] = pts[["measured_ms", "fitted_ms"]].round(3)
-    base = alt.Chart(pts).encode(x=alt.X("B:Q", title="running sequences B"),
-                                 color=alt.Color("context:N", sort=order, title="decode context"))
+    kinds = list(dict.fromkeys(pts["engine"]))
+    ctx = dict(sort=order, title="decode context")
+    base = alt.Chart(pts).encode(
+        x=alt.X("B:Q", title="running sequences B"),
+        color=alt.Color("engine:N", scale=_engine_scale(alt, kinds), legend=None))
     y = alt.Y("measured_ms:Q", title="iteration (ms)")
-    chart = alt.layer(base.mark_point(filled=True, size=45).encode(y=y),
-                      base.mark_line().encode(y="fitted_ms:Q")).properties(width=260, height=200)
-    return chart.facet(column=alt.Column("engine:N", title=None)).properties(
+    dots = base.mark_point(filled=True, size=45).encode(
+        y=y, shape=alt.Shape("context:N", scale=alt.Scale(domain=order, range=list(SHAPES[:len(order)])), **ctx))
+    lines = base.mark_line().encode(
+        y="fitted_ms:Q", strokeDash=alt.StrokeDash(
+            "context:N", scale=alt.Scale(domain=order, range=list(DASHES[:len(order)])), **ctx))
+    chart = alt.layer(dots, lines).properties(width=260, height=200)
+    return chart.facet(column=alt.Column("engine:N", title=None, sort=kinds)).properties(
         title="One iteration: measured (points) and the fitted line (lines)")
 
 
@@ -734,28 +758,34 @@ def sensitivity_table(sens: pd.DataFrame, engine: Optional[str] = None) -> pd.Da
 
 def sensitivity_chart(sens: pd.DataFrame, alt):
     """Median |error| against the factor applied to each fitted parameter: one panel per metric
-    (its own scale) and engine, one line per parameter; factor 1 is the fit."""
+    (its own scale) and engine (in the engine's colour), one line per parameter (its own dash
+    and point shape); factor 1 is the fit."""
     d = sens.copy()
     d["median |error|"] = d["median |error|"].astype(float).round(2)
     order = [METRIC_LABELS[m] for m in METRICS]
     params = list(dict.fromkeys(d["parameter"]))
-    line = alt.Chart(d).mark_line(point=True).encode(
+    kinds = list(dict.fromkeys(d["engine"]))
+    base = alt.Chart(d).encode(
         x=alt.X("factor:Q", title="parameter x factor", scale=alt.Scale(domain=[0.4, 2.1]),
                 axis=alt.Axis(values=sorted(set(d["factor"])))),
         y=alt.Y("median |error|:Q", title="median |error|"),
-        color=alt.Color("parameter:N", sort=params, title="scaled parameter",
-                        scale=alt.Scale(domain=params, range=["#4c78a8", "#e45756", "#54a24b"][:len(params)])))
-    return line.properties(width=118, height=105).facet(
+        color=alt.Color("engine:N", scale=_engine_scale(alt, kinds), legend=None))
+    key = dict(sort=params, title="scaled parameter")
+    line = base.mark_line().encode(strokeDash=alt.StrokeDash(
+        "parameter:N", scale=alt.Scale(domain=params, range=list(DASHES[:len(params)])), **key))
+    pts = base.mark_point(filled=True, size=30).encode(shape=alt.Shape(
+        "parameter:N", scale=alt.Scale(domain=params, range=list(SHAPES[:len(params)])), **key))
+    return alt.layer(line, pts).properties(width=118, height=105).facet(
         column=alt.Column("metric:N", sort=order, title=None),
-        row=alt.Row("engine:N", title=None, sort=list(dict.fromkeys(d["engine"])))
+        row=alt.Row("engine:N", title=None, sort=kinds)
     ).resolve_scale(y="independent")
 
 
 # --- chapter 1 on a real engine ------------------------------------------------------------------
 def seed000_spec(fit, duration_s: float = 20.0) -> tuple:
-    """``(spec, info)``: the seed-000 tenants (prompts 387, geometric answers of 23.7/48/177/353.8
-    tokens, equal offered machine time, 3x the replica together) on the fitted engine at their
-    mean decode context: the rates scale with its capacity, the relative output lengths and the
+    """``(spec, info)``: the blog post's scenario (``seed000``: prompts 387, geometric answers of
+    23.7/48/177/353.8 tokens, equal offered machine time, 3x the replica together) on the fitted
+    engine at its mean decode context: the rates scale with its capacity, the relative output lengths and the
     equal offered machine time stay."""
     return scenario_spec(fit, "seed000", duration_s)
 
@@ -775,8 +805,8 @@ def seed000_live(cfg, spec_info, seed: int, run_dir, *, kind: str, tokenizer=Non
 
 
 def seed000_compare(run: Run) -> pd.DataFrame:
-    """The residency split of a seed-000 live run beside the simulator's on the same schedule with
-    the fitted engine (FCFS, cut at the end of the load window), in %, inside the load window:
+    """The residency split of a live run of ``seed000`` beside the simulator's on the same schedule
+    with the fitted engine (FCFS, cut at the end of the load window), in %, inside the load window:
     rebuilt from the streams with prefill split equally (the definition) and with prefill priced
     by a cost fitted from the same streams (``fairlib.analysis.residency(..., prefill="fitted")``),
     and the simulator's exact residency charge (prefill charged to the request that caused it)."""
@@ -797,9 +827,14 @@ def seed000_compare(run: Run) -> pd.DataFrame:
 
 
 # --- recording the book's data ---------------------------------------------------------------------
-#: What ``record`` measures by default: the five scenarios, ``prefill_mix`` and ``seed000``.
+#: What ``record`` measures by default: the five scenarios, ``prefill_mix`` and ``seed000``
+#: (chapter 8's default on both backends: :data:`SAVED_SCENARIOS`), each for 30 s and seeds 0-2;
+#: ``seed000`` keeps chapter 1's 20-s window.
 RECORD_SCENARIOS = SCENARIOS + ("prefill_mix",)
+SAVED_SCENARIOS = RECORD_SCENARIOS + ("seed000",)
 RECORD_SEEDS = (0, 1, 2)
+RECORD_DURATION_S = 30.0
+RECORD_SEED000_S = 20.0
 
 
 def _saved_run(root: Path, kind: str, name: str, seed: int) -> Optional[Run]:
@@ -832,8 +867,9 @@ def _wanted(root, kind, name, seeds, redo: str) -> list:
     return out
 
 
-def record(kind: str, *, refit: bool = True, duration_s: float = 30.0, seeds: Sequence[int] = RECORD_SEEDS,
-           names: Optional[Sequence[str]] = None, seed000_duration_s: float = 20.0,
+def record(kind: str, *, refit: bool = True, duration_s: float = RECORD_DURATION_S,
+           seeds: Sequence[int] = RECORD_SEEDS, names: Optional[Sequence[str]] = None,
+           seed000_duration_s: float = RECORD_SEED000_S,
            seed000_seeds: Optional[Sequence[int]] = RECORD_SEEDS, redo: str = "all", work_dir=None,
            data_root: Optional[Path] = None, quiet_load: Optional[float] = 3.0, quiet_wait_s: float = 300.0,
            engine_nice: Optional[int] = None, fit_path=None, fit_settings: Optional[dict] = None,
@@ -842,7 +878,7 @@ def record(kind: str, *, refit: bool = True, duration_s: float = 30.0, seeds: Se
     (``fairlib.calibrate.fit.start``), fit its cost model (``refit``; else use the saved fit
     ``data/engines/<kind>.json``), run the scenarios (default :data:`RECORD_SCENARIOS`) live for
     every seed and save their small files under ``data/runs/<kind>/<scenario>/seed<k>``; then the
-    seed-000 runs (``seed000_seeds``, FCFS, cut ``seed000_duration_s`` after each send; chapter 1
+    ``seed000`` runs (``seed000_seeds``, FCFS, cut ``seed000_duration_s`` after each send; chapter 1
     reads ``vllm/seed000/seed0``). ``redo``: ``"all"``, ``"missing"`` or ``"invalid"`` (measure
     again only the runs not saved, or saved invalid). ``data_root``: another ``runs`` folder.
     ``quiet_load``: before each run, wait up to ``quiet_wait_s`` for the 1-minute load average
@@ -911,11 +947,11 @@ def main(argv=None) -> int:
     r.add_argument("kind", choices=list(KINDS))
     r.add_argument("--no-refit", dest="refit", action="store_false",
                    help="keep data/engines/<kind>.json (default: fit it again first)")
-    r.add_argument("--duration-s", type=float, default=30.0)
+    r.add_argument("--duration-s", type=float, default=RECORD_DURATION_S)
     r.add_argument("--seeds", type=int, nargs="+", default=list(RECORD_SEEDS))
     r.add_argument("--names", nargs="+", default=None, help=f"default: {' '.join(RECORD_SCENARIOS)}")
     r.add_argument("--seed000-seeds", type=int, nargs="*", default=list(RECORD_SEEDS))
-    r.add_argument("--seed000-duration-s", type=float, default=20.0)
+    r.add_argument("--seed000-duration-s", type=float, default=RECORD_SEED000_S)
     r.add_argument("--redo", choices=["all", "missing", "invalid"], default="all")
     r.add_argument("--data-root", default=None, help="another runs folder (default data/runs)")
     r.add_argument("--quiet-load", type=float, default=3.0,

@@ -24,10 +24,14 @@ import pandas as pd
 
 from fairlib import analysis as an
 from fairlib.backend import run_scenario
+from fairlib.calibrate import fit as fitmod
+from fairlib.chapters import fidelity as fd
+from fairlib.client.endpoint import server_root
+from fairlib.client.env import fetch_json
 from fairlib.records import Run
 from fairlib.scenarios import ScenarioSpec, available, load
 
-__all__ = ["as_list", "load_scenarios", "scenario_overview", "run_all", "analyze_all",
+__all__ = ["as_list", "load_scenarios", "endpoint_specs", "scenario_overview", "run_all", "analyze_all",
            "per_tenant", "fairness_overview", "goodput_overview", "validity_overview", "victim_overview",
            "exact_vs_reconstructed", "label"]
 
@@ -56,6 +60,48 @@ def load_scenarios(names: Optional[Sequence[str]] = None, duration_s: Optional[f
     """The scenario files (all shipped ones by default) as ``ScenarioSpec``s, with one run length."""
     names = list(available() if names is None else names)
     return [load(n, engine=engine, rho=rho, capacity=capacity, duration_s=duration_s) for n in names]
+
+
+def _served_engine(base: str) -> Optional[dict]:
+    """The engine model ``fairlib serve`` runs, as it reports it (``GET /fairlib/stats``)."""
+    st = fetch_json(server_root(base) + "/fairlib/stats")
+    body = st.get("body")
+    eng = ((body.get("config") or {}).get("engine") if isinstance(body, dict) else None)
+    return eng if isinstance(eng, dict) else None
+
+
+def endpoint_specs(names: Optional[Sequence[str]], endpoint: str, *, duration_s: Optional[float] = None,
+                   fit_file=None, engine_kind: Optional[str] = None, model: Optional[str] = None,
+                   capacity=None) -> tuple:
+    """``(specs, fit_info)``: the scenarios (all shipped ones by default) for a live endpoint, each
+    load relative to *that* engine's capacity. The engine is the fit of the endpoint
+    (``fit_file``, default the committed ``data/engines/<kind>.json``), checked by
+    ``fairlib.calibrate.fit.fit_for_endpoint``: a fit made for another engine kind, model, server
+    version or (the committed default) machine is refused with the command that fits the endpoint.
+    Each scenario takes the fitted engine at its own mean decode context, as chapter 8 does
+    (``fairlib.chapters.fidelity.scenario_spec``). ``fairlib serve`` (a test double) reports the
+    engine model it runs, which is then used without a fit (unless ``fit_file`` is given).
+    ``capacity`` belongs to the simulator: on a live endpoint anything but ``None`` is refused, so
+    that no load is set relative to an engine the endpoint was not checked against."""
+    base = fitmod.normalise_url(endpoint)
+    if capacity is not None:
+        raise ValueError(
+            f"backend='http': `capacity` ({capacity!r}) is for backend='sim'; on a live endpoint the "
+            "load is relative to the endpoint's own fitted cost model, checked against it: pass "
+            "fit_file (papermill -r fit_file PATH), made by\n    "
+            + fitmod.fit_command(base, kind=engine_kind, model=model))
+    names = list(available() if names is None else names)
+    ident = fitmod.server_identity(base, model)
+    if fit_file is None and ident["kind"] == "fairlib" and engine_kind in (None, "fairlib"):
+        eng = _served_engine(base)
+        if eng is not None:
+            specs = load_scenarios(names, duration_s, capacity={"engine": eng})
+            return specs, {"file": None, "engine": eng, "source": f"GET {server_root(base)}/fairlib/stats",
+                           "date": None}
+    fit = fitmod.fit_for_endpoint(fit_file, base, engine_kind, model)
+    specs = [fd.scenario_spec(fit, n, duration_s)[0] for n in names]
+    path = fit_file or fitmod.data_path(fit.get("engine_kind") or engine_kind or ident["kind"])
+    return specs, {"file": str(path), "date": fit.get("date"), "source": "fit_file"}
 
 
 def scenario_overview(specs: Sequence[ScenarioSpec]) -> pd.DataFrame:
