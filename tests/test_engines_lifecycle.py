@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fairlib.calibrate import lifecycle as engines
-from fairlib.calibrate.lifecycle import (DEFAULT_NICE, EngineStartError, ModelTokenizer, nice_of, _flag_args, group_members, engine_available,
+from fairlib.calibrate.lifecycle import (DEFAULT_NICE, DEFAULT_SCHED_IDLE, EngineStartError, ModelTokenizer, nice_of, sched_of, _flag_args, group_members, engine_available,
                              free_port, port_is_free, start_engine)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,3 +271,22 @@ def test_engine_runs_below_the_client_and_its_children_inherit(fake):
     assert DEFAULT_NICE["vllm"] == DEFAULT_NICE["llamacpp"] == 10 and DEFAULT_NICE["fairlib"] == 0
     with start_engine("fairlib", command=fake(0.0)) as same:       # the test double: unchanged
         assert nice_of(same.pid) == own
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+def test_a_real_engine_runs_under_sched_idle_and_its_children_inherit(fake):
+    """Nice 10 left a nice-0 client waiting 0.6-4.5 s for a core beside vLLM (DEFAULT_SCHED_IDLE):
+    a real engine runs under SCHED_IDLE, and so does every process it starts."""
+    eng = start_engine("fairlib", command=fake(0.2, "child"), sched_idle=True)
+    try:
+        assert sched_of(eng.pid) == "idle"
+        deadline = time.monotonic() + 5
+        while len(eng.pids()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kids = [p for p in eng.pids() if p != eng.pid]
+        assert kids and all(sched_of(p) == "idle" for p in kids)
+    finally:
+        eng.stop()
+    assert DEFAULT_SCHED_IDLE["vllm"] and DEFAULT_SCHED_IDLE["llamacpp"] and not DEFAULT_SCHED_IDLE["fairlib"]
+    with start_engine("fairlib", command=fake(0.0)) as same:       # the test double: unchanged
+        assert sched_of(same.pid) == "other" and sched_of(os.getpid()) == "other"

@@ -60,7 +60,7 @@ from fairlib.paths import engine_logs_dir, engines_dir, repo_root
 __all__ = [
     "KINDS", "EngineStartError", "EngineProcess", "ModelTokenizer", "start_engine", "engine_available",
     "engines_dir", "repo_root", "group_members", "free_port", "port_is_free", "default_model", "vllm_python",
-    "llama_server_path", "stop_all", "DEFAULT_NICE", "nice_of",
+    "llama_server_path", "stop_all", "DEFAULT_NICE", "DEFAULT_SCHED_IDLE", "nice_of", "sched_of",
 ]
 
 KINDS = ("fairlib", "vllm", "llamacpp", "external")
@@ -75,6 +75,16 @@ DEFAULT_TIMEOUT_S = {"fairlib": 60.0, "vllm": 600.0, "llamacpp": 120.0, "externa
 #: the engine still gets every cycle the client does not use. ``fairlib serve`` (a real-time
 #: emulation whose emission times are the measurement) keeps the client's priority.
 DEFAULT_NICE = {"fairlib": 0, "vllm": 10, "llamacpp": 10, "external": 0}
+#: Whether a real engine also runs under Linux's ``SCHED_IDLE`` policy, by default. Nice 10 was not
+#: enough once a gateway sat between client and engine: on this machine's kernel (6.18, EEVDF) a
+#: nice-0 process that wakes often (the client, the gateway, a 1-ms sleep loop measuring its own
+#: oversleep) waited up to 0.6-4.5 s for a core while vLLM's nice-10 threads ran the overloaded
+#: blog-post scenario through the gateway, and 9 of 15 recorded gateway runs came out invalid
+#: (the client's p99 schedule lag 15 ms to 3.1 s). Under ``SCHED_IDLE`` the engine runs whenever
+#: nothing else wants a core, so it still gets every cycle the client does not use, and the same
+#: run's worst oversleep was 44 ms, its p99 schedule lag 2 ms. Recorded with each run
+#: (``sched_of``). Engines started by someone else (``external``) are not touched.
+DEFAULT_SCHED_IDLE = {"fairlib": False, "vllm": True, "llamacpp": True, "external": False}
 LOG_TAIL_LINES = 60
 
 
@@ -183,12 +193,27 @@ def nice_of(pid: int) -> Optional[int]:
         return None
 
 
-def _pdeathsig(nice: int = 0):
+def sched_of(pid: int) -> Optional[str]:
+    """A process's scheduling policy (``"other"``, ``"idle"``, ``"batch"``, ``"fifo"``, ``"rr"``),
+    or None when it cannot be read."""
+    try:
+        pol = os.sched_getscheduler(int(pid))
+    except (OSError, AttributeError, TypeError, ValueError):
+        return None
+    names = {getattr(os, f"SCHED_{n.upper()}", None): n for n in ("other", "idle", "batch", "fifo", "rr")}
+    return names.get(pol, str(pol))
+
+
+def _pdeathsig(nice: int = 0, idle: bool = False):
     """In the child, before exec: get SIGTERM if the parent dies (Linux), in a new session, and
-    run ``nice`` steps below the parent (inherited by every process and thread it starts)."""
+    run ``nice`` steps below the parent, under ``SCHED_IDLE`` when ``idle`` (both inherited by
+    every process and thread it starts)."""
     os.setsid()
     if nice:
         os.nice(int(nice))
+    if idle and hasattr(os, "SCHED_IDLE"):
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -299,6 +324,7 @@ class EngineProcess:
     log_path: Optional[Path] = None
     settings: dict = field(default_factory=dict)  # what endpoint_config() needs to know
     nice: int = 0                                 # steps below the starting process (os.nice)
+    sched_idle: bool = False                      # run under SCHED_IDLE (DEFAULT_SCHED_IDLE)
     proc: Optional[subprocess.Popen] = field(default=None, repr=False)
     startup_s: Optional[float] = None             # seconds from spawn to healthy
     _log_file: object = field(default=None, repr=False)
@@ -361,7 +387,7 @@ class EngineProcess:
         self.proc = subprocess.Popen(
             [str(c) for c in self.command], stdin=subprocess.DEVNULL, stdout=self._log_file,
             stderr=subprocess.STDOUT, env=env, cwd=str(repo_root()),
-            preexec_fn=functools.partial(_pdeathsig, self.nice),
+            preexec_fn=functools.partial(_pdeathsig, self.nice, self.sched_idle),
             close_fds=True)
         with _LIVE_LOCK:
             _LIVE.add(self)
@@ -548,7 +574,7 @@ def _fairlib(port, command=None, model=None, env=None, **flags):
 def start_engine(kind: str, port: Optional[int] = None, *, startup_timeout_s: Optional[float] = None,
                  stop_timeout_s: float = 20.0, log_path=None, base_url: Optional[str] = None,
                  model: Optional[str] = None, health_path: str = "/health", nice: Optional[int] = None,
-                 **flags) -> EngineProcess:
+                 sched_idle: Optional[bool] = None, **flags) -> EngineProcess:
     """Start an engine and wait until it is healthy; use as ``with start_engine(...) as eng:``.
 
     ``kind``: ``"fairlib"`` (``python -m fairlib.cli serve``, the test double; ``flags`` become its
@@ -562,7 +588,8 @@ def start_engine(kind: str, port: Optional[int] = None, *, startup_timeout_s: Op
     server someone else started, and its ``model`` name; only its health is checked).
     ``port``: default a free one. ``nice``: steps below this process the engine runs at (default
     :data:`DEFAULT_NICE`: 10 for real engines, 0 for ``fairlib serve``; 0 to keep this process's
-    priority). Returns the started ``EngineProcess`` (stopping it is the
+    priority). ``sched_idle``: run it under ``SCHED_IDLE`` (default :data:`DEFAULT_SCHED_IDLE`:
+    real engines yes). Returns the started ``EngineProcess`` (stopping it is the
     caller's: ``with``, ``.stop()``, or at interpreter exit at the latest).
     """
     if kind not in KINDS:
@@ -594,7 +621,8 @@ def start_engine(kind: str, port: Optional[int] = None, *, startup_timeout_s: Op
     eng = EngineProcess(kind, command=[str(c) for c in cmd], env={k: str(v) for k, v in env.items()},
                         port=port, model=name, model_path=path, health_path=health_path,
                         startup_timeout_s=timeout, stop_timeout_s=stop_timeout_s, log_path=log_path,
-                        settings=settings, nice=DEFAULT_NICE[kind] if nice is None else int(nice))
+                        settings=settings, nice=DEFAULT_NICE[kind] if nice is None else int(nice),
+                        sched_idle=DEFAULT_SCHED_IDLE[kind] if sched_idle is None else bool(sched_idle))
     return eng.start()
 
 
