@@ -518,3 +518,47 @@ def test_gateway_cli_errors_are_one_line():
         assert code == 1 and len(err) == 1 and "in use" in err[0]
     finally:
         s.close()
+
+
+# --- class and estimate policies over HTTP -----------------------------------------------------------
+def _order_of_admission(gw, bodies_headers, blocker):
+    """One slot: a long blocker holds it while the others arrive, one by one; then the order in
+    which the gateway admitted them (from its event log)."""
+    t = threading.Thread(target=post, args=(gw.base_url, "/completions", *blocker))
+    t.start()
+    time.sleep(0.2)
+    ths = []
+    for body, headers in bodies_headers:
+        th = threading.Thread(target=post, args=(gw.base_url, "/completions", body, headers))
+        th.start()
+        ths.append(th)
+        time.sleep(0.05)
+    for th in [t, *ths]:
+        th.join()
+    assert_idle(gw)
+    _, events = gw.events()
+    return [rid for e in events if e[0] == "admit" for rid in e[3]]
+
+
+def test_priority_and_sjf_decide_the_order_over_http(upstream, tmp_path):
+    f = tmp_path / "tenants.toml"
+    f.write_text('[[tenant]]\nname = "gold"\npriority = 0\n[[tenant]]\nname = "bronze"\npriority = 1\n')
+    gw = gateway([upstream], tenants=str(f), policy="priority", max_inflight=1)
+    try:
+        order = _order_of_admission(gw, [(completion(2), {FID: n}) for n in ("bronze", "bronze", "gold", "gold")],
+                                    (completion(120), {FID: "bronze"}))
+        assert order == [0, 3, 4, 1, 2]          # the blocker, then gold (lower priority first), then bronze
+    finally:
+        gw.stop()
+    gw = gateway([upstream], policy="sjf", max_inflight=1)
+    try:
+        ests = [50, 5, 20]
+        order = _order_of_admission(gw, [(completion(2, est_output_tokens=e), {FID: "a"}) for e in ests],
+                                    (completion(120), {FID: "a"}))
+        assert order == [0, 2, 3, 1]             # shortest estimate first
+        gw.set_policy("sjf")                     # a fresh log: ids from 0 again
+        order = _order_of_admission(gw, [(completion(2), {FID: "a", "x-fairlib-est-output-tokens": str(e)})
+                                         for e in ests], (completion(120), {FID: "a"}))
+        assert order == [0, 2, 3, 1]             # the estimate as a header
+    finally:
+        gw.stop()

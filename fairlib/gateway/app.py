@@ -126,13 +126,24 @@ def parse_body(body, api: str, headers) -> dict:
 
 
 class _Relay:
-    """One upstream stream read chunk by chunk: tokens to the gateway, events to the client."""
+    """One upstream stream read chunk by chunk: tokens to the gateway, bytes to the client.
+
+    The client's bytes: when it asked for ``include_usage`` nothing is left out and each read of
+    the upstream goes to the client as it came (``raw``); otherwise every event but the usage
+    chunk is passed on. They are written to the client's connection from the read itself (one
+    HTTP/1.1 chunk each, after aiohttp sent the head: ``direct``), so a token costs no task
+    wake-up; while more than ``HIGH_WATER`` bytes wait in that connection (a slow reader) they
+    queue in ``out`` instead, for the handler to write with back-pressure."""
+
+    HIGH_WATER = 1 << 18
 
     def __init__(self, gw: Gateway, p: Pending, api: str, client_stream: bool, include_usage: bool):
         self.gw, self.p, self.api = gw, p, api
         self.client_stream, self.include_usage = client_stream, include_usage
+        self.raw = client_stream and include_usage
         self.parser = SSEParser()
         self.out: list = []
+        self.transport = None       # the client's connection, once direct writes may begin
         self.waker = None
         self.done = False           # [DONE] seen
         self.error = None           # an error event inside the stream
@@ -140,6 +151,7 @@ class _Relay:
         self.first = None           # the first chunk (id, model, created)
         self.finish_reason = None
         self.usage = None
+        self._kept: list = []
 
     def wake(self, *_):
         w = self.waker
@@ -148,30 +160,45 @@ class _Relay:
 
     def on_data(self, data: bytes, t: float) -> bool:
         t_ms = (t - self.gw.t0) * 1e3
+        kept = self._kept
         for ev in self.parser.feed(data):
             self._event(ev, t_ms)
-        if self.out:
-            self.wake()
+        if not self.client_stream:
+            return False
+        if self.raw:
+            body = data
+        else:
+            body = b"".join(kept)
+            kept.clear()
+        if body:
+            tr = self.transport
+            if tr is not None and not self.out and not tr.is_closing() \
+                    and tr.get_write_buffer_size() < self.HIGH_WATER:
+                tr.write(b"%x\r\n%b\r\n" % (len(body), body))
+            else:
+                self.out.append(body)
+                self.wake()
         return False
+
+    def _keep(self, ev) -> None:
+        if self.client_stream and not self.raw:
+            self._kept.append(b"data: " + ev.data.encode() + b"\n\n")
 
     def _event(self, ev, t_ms: float) -> None:
         try:
             payload, _ = decode_event(ev)
         except MalformedSSE:
-            if self.client_stream:
-                self.out.append(b"data: " + ev.data.encode() + b"\n\n")
+            self._keep(ev)
             return
         if payload is DONE:
             self.done = True
-            if self.client_stream:
-                self.out.append(_DONE)
+            self._keep(ev)
             return
         try:
             info = interpret_chunk(payload)
         except StreamError as e:
             self.error = e
-            if self.client_stream:
-                self.out.append(b"data: " + ev.data.encode() + b"\n\n")
+            self._keep(ev)
             return
         except MalformedSSE:
             info = None
@@ -188,11 +215,9 @@ class _Relay:
             if info.usage is not None and isinstance(info.usage.get("completion_tokens"), int):
                 self.usage = info.usage
                 self.gw.usage_tokens(self.p, info.usage["completion_tokens"])
-            usage_only = info.usage is not None and not payload.get("choices")
-            if usage_only and not self.include_usage:
-                return
-        if self.client_stream:
-            self.out.append(b"data: " + ev.data.encode() + b"\n\n")
+            if info.usage is not None and not payload.get("choices") and not self.include_usage:
+                return                  # the usage chunk the client did not ask for
+        self._keep(ev)
 
     def assembled(self) -> dict:
         """The answer of a client that asked for no stream, from what the stream carried."""
@@ -256,10 +281,10 @@ def make_app(gw: Gateway) -> web.Application:
             while True:
                 for up in gw.upstreams:
                     ok = False
-                    try:
+                    try:            # any answer but a 5xx: an engine without /health answers 404
                         async with sess.get(up.root + "/health", headers=upstream_headers()) as r:
                             await r.read(1 << 16)
-                            ok = r.status == 200
+                            ok = r.status < 500
                     except (OSError, TimeoutError, ConnectionError):
                         ok = False
                     gw.mark(up, ok)
@@ -367,34 +392,44 @@ def make_app(gw: Gateway) -> web.Application:
             if rl.client_stream:
                 sresp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8",
                                                                 "Cache-Control": "no-cache"})
+                if request.version >= (1, 1):
+                    sresp.enable_chunked_encoding()
                 await sresp.prepare(request)
-            while True:
-                if rl.out:
-                    data = b"".join(rl.out)
-                    rl.out.clear()
-                    if sresp is not None:
-                        await sresp.write(data)
-                    continue
-                if reading.done():
-                    break
-                rl.waker = loop.create_future()
-                await rl.waker
+                await sresp.write(b"")          # the head goes out now; the reads follow it directly
+                if request.version >= (1, 1):
+                    rl.transport = request.transport
             try:
-                reading.result()
-                broken = None if (rl.done or rl.finish_reason) else "the stream ended without [DONE]"
-            except (Disconnected, TimeoutError, OSError) as e:
-                broken = f"{type(e).__name__}: {e}"
-            if sresp is None:
-                if broken and not rl.text:
-                    return error_response(502, f"upstream {up.url} broke the stream: {broken}", "BadGatewayError")
-                if rl.error is not None:
-                    return error_response(rl.error.code or 500, str(rl.error), error_type(rl.error.code or 500))
-                return web.Response(body=_dumps(rl.assembled()).encode(), content_type="application/json")
-            if broken:
-                err = {"error": {"object": "error", "message": f"upstream {up.url} broke the stream: {broken}",
-                                 "type": "BadGatewayError", "param": None, "code": 502}}
-                await sresp.write(b"data: " + _dumps(err).encode() + b"\n\n")
-            await sresp.write_eof()
+                while True:
+                    if rl.out:
+                        data = b"".join(rl.out)
+                        rl.out.clear()
+                        if sresp is not None:
+                            await sresp.write(data)
+                        continue
+                    if reading.done():
+                        break
+                    rl.waker = loop.create_future()
+                    await rl.waker
+                try:
+                    reading.result()
+                    broken = None if (rl.done or rl.finish_reason) else "the stream ended without [DONE]"
+                except (Disconnected, TimeoutError, OSError) as e:
+                    broken = f"{type(e).__name__}: {e}"
+                if sresp is None:
+                    if broken and not rl.text:
+                        return error_response(502, f"upstream {up.url} broke the stream: {broken}",
+                                              "BadGatewayError")
+                    if rl.error is not None:
+                        return error_response(rl.error.code or 500, str(rl.error), error_type(rl.error.code or 500))
+                    return web.Response(body=_dumps(rl.assembled()).encode(), content_type="application/json")
+                tail = b"".join(rl.out)
+                if broken:
+                    err = {"error": {"object": "error", "message": f"upstream {up.url} broke the stream: {broken}",
+                                     "type": "BadGatewayError", "param": None, "code": 502}}
+                    tail += b"data: " + _dumps(err).encode() + b"\n\n"
+                await sresp.write_eof(tail)
+            except ConnectionError:             # the client went away while we wrote to it
+                pass
             return sresp
         finally:
             if reading is not None and not reading.done():

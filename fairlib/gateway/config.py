@@ -30,8 +30,9 @@ from fairlib.sim.policies import POLICIES, make_policy
 __all__ = ["Tenant", "TenantTable", "GatewayConfig", "load_tenants", "with_tenant_weights", "FAIRNESS_HEADERS", "OVERFLOW_TENANT",
            "DEFAULT_TENANT"]
 
-#: the tenant headers, llm-d's first, then the Gateway API Inference Extension's older name
-FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
+#: the tenant headers, llm-d's first, then the Gateway API Inference Extension's older name, then
+#: ``X-Tenant`` (what fairlib's client sends by default and ``fairlib serve`` reads)
+FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id", "x-tenant")
 OVERFLOW_TENANT = "other"
 DEFAULT_TENANT = "default"
 _TENANT_KEYS = {"name", "weight", "klass", "priority", "api_key", "max_queue"}

@@ -16,7 +16,7 @@ Flow of one request (fairlib/gateway/app.py does the HTTP):
    request that leaves while waiting (client gone, timed out).
 
 Clock: milliseconds since the gateway started (``now_ms``), one clock for arrivals, steps and
-the event log.
+the event log; ``t0_wall`` is the wall-clock time of its zero.
 """
 from __future__ import annotations
 
@@ -97,6 +97,7 @@ class Gateway:
         self.cfg = cfg
         self.clock = clock
         self.t0 = clock()
+        self.t0_wall = time.time()      # the wall clock at t0: aligns the event log with a client's run
         self.upstreams = [Upstream(i, u, m) for i, (u, m) in enumerate(zip(cfg.upstreams, cfg.max_inflight))]
         for up in self.upstreams:
             up.tracker = self._tracker(up)
@@ -104,10 +105,12 @@ class Gateway:
         self.by_name = {n: i for i, n in enumerate(self.names)}
         self.by_key = {t.api_key: i for i, t in enumerate(cfg.tenants.tenants) if t.api_key}
         self.pending: dict = {}
+        self.finishing = 0               # finished streams whose step has not closed yet
         self._timers: dict = {}
         self.late_finishes = 0
         self.policy_name, self.policy_params = cfg.policy, cfg.effective_policy_params()
         self.gate = self._new_gate(cfg.policy, self.policy_params)
+        self._warm_up()
         self._metrics()
 
     # --- set-up -----------------------------------------------------------------------------
@@ -115,6 +118,17 @@ class Gateway:
         return PolicyGate(policy, n_tenants=self.cfg.n_tenants, slots=self.cfg.slots,
                           prefill_ms_per_token=self.cfg.prefill_ms_per_token, n_classes=self.cfg.n_classes,
                           record=self.cfg.record_events, **params)
+
+    def _warm_up(self) -> None:
+        """Run every compiled entry once on a throwaway gate, so that loading (or compiling) the
+        kernels happens before the first request, not during it."""
+        g = PolicyGate(self.policy_name, n_tenants=self.cfg.n_tenants, slots=2, n_classes=self.cfg.n_classes,
+                       **self.policy_params)
+        a, _ = g.arrive(0, 1, 0.0, 1)
+        b, _ = g.arrive(0, 1, 0.0, 1)
+        for rid in g.admit(0.0):
+            g.observe([rid], [1], [True], 1.0, 1.0)
+        g.withdraw(b, 2.0)
 
     def _tracker(self, up: Upstream) -> StepTracker:
         return StepTracker(lambda ids, toks, fin, dt, t: self._on_step(up, ids, toks, fin, dt, t),
@@ -188,8 +202,10 @@ class Gateway:
 
     # --- slots ------------------------------------------------------------------------------
     def open_slots(self) -> int:
-        """How many may be in flight now: the healthy upstreams' slots, plus what still runs on the others."""
-        return sum(u.max_inflight if u.healthy else len(u.in_flight) for u in self.upstreams)
+        """How many may be in flight now, as the policy counts them: the healthy upstreams' slots,
+        plus what still runs on the others, plus the finished streams whose step has not closed
+        (their slots are free upstream already; the policy sees them leave when the step closes)."""
+        return sum(u.max_inflight if u.healthy else len(u.in_flight) for u in self.upstreams) + self.finishing
 
     def _pick(self) -> Optional[Upstream]:
         best = None
@@ -269,14 +285,26 @@ class Gateway:
         if p.max_tokens is not None and p.counted >= p.max_tokens:
             finished = True
         up = p.upstream
-        up.tracker.tokens(p.rid, t_ms, k, finished)
+        newly = up.tracker.tokens(p.rid, t_ms, k, finished)
         self.m_output.inc(k, (self.tenant_name(p.tenant),))
+        if newly:
+            self._finishing(up, p.rid)
         self._arm(up)
+
+    def _finishing(self, up: Upstream, rid: int) -> None:
+        """A stream ended inside the open step: its upstream slot is free now (the next request
+        goes at once, as an engine admits at its next iteration); the policy's batch still holds it
+        until the step closes."""
+        if rid in up.in_flight:
+            up.in_flight.discard(rid)
+            self.finishing += 1
+            self.pump()
 
     def finish_seen(self, p: Pending, t_ms: float) -> None:
         """A chunk with ``finish_reason`` and no tokens (llama.cpp's last chunk): the stream ends."""
         up = p.upstream
-        up.tracker.finish(p.rid, t_ms)
+        if up.tracker.finish(p.rid, t_ms):
+            self._finishing(up, p.rid)
         self._arm(up)
 
     def usage_tokens(self, p: Pending, total: int) -> None:
@@ -294,7 +322,8 @@ class Gateway:
         if up is None:
             self.withdraw(p)
             return
-        up.tracker.finish(p.rid, self.now_ms())
+        if up.tracker.finish(p.rid, self.now_ms()):
+            self._finishing(up, p.rid)
         self._arm(up)
 
     # --- steps ------------------------------------------------------------------------------
@@ -304,7 +333,10 @@ class Gateway:
         freed = False
         for r, f in zip(ids, fin):
             if f:
-                up.in_flight.discard(r)
+                if r in up.in_flight:        # finished without passing through _finishing
+                    up.in_flight.discard(r)
+                else:
+                    self.finishing -= 1
                 freed = True
         if freed:
             self.pump()
@@ -365,7 +397,9 @@ class Gateway:
             tenants[self.tenant_name(i)] = {k: (float(v[i]) if v.dtype.kind == "f" else int(v[i]))
                                             for k, v in ts.items()}
         return {"policy": self.policy_name, "policy_params": self.policy_params, "now_ms": self.now_ms(),
+                "t0_wall": self.t0_wall,
                 "in_flight": self.gate.in_flight, "waiting": self.gate.waiting, "pending": len(self.pending),
+                "finishing": self.finishing,
                 "late_finishes": self.late_finishes,
                 "upstreams": [{"url": u.url, "healthy": u.healthy, "in_flight": len(u.in_flight),
                                "max_inflight": u.max_inflight, "dispatched": u.dispatched, "failures": u.failures,

@@ -147,13 +147,13 @@ class PolicyGate:
         f = np.asarray(finished, np.int64)
         if not (a.shape == k.shape == f.shape) or a.ndim != 1:
             raise ValueError("observe: ids, tokens and finished must be 1-D and of one length")
-        if a.size and (np.any(k < 1) or len(set(a.tolist())) != a.size):
+        if a.size and (k.min() < 1 or (a.size > 1 and np.unique(a).size != a.size)):
             raise ValueError("observe: every emitter brings >= 1 token and appears once")
-        running = set(self.running_ids())
-        if any(int(r) not in running for r in a):
-            raise ValueError(f"observe: ids not in flight: {sorted(set(a.tolist()) - running)}")
         per_seq = float(observed.observe(self.S, self.E, self.policy.pid, self.pf, self.pi, a, k, f,
                                          int(a.size), dt, t, self._saved))
+        if per_seq < 0:
+            running = set(self.running_ids())
+            raise ValueError(f"observe: ids not in flight: {sorted(set(a.tolist()) - running)}")
         if self.record:
             self.log.append(["step", t, dt, a.tolist(), k.tolist(), [bool(x) for x in f]])
         return per_seq

@@ -45,6 +45,7 @@ from fairlib.sim.state import (
     LAST_B,
     LAST_IDS,
     LINE,
+    N_REQ,
     N_RUNNING,
     NEXT_ARRIVAL,
     OUTPUT,
@@ -101,9 +102,14 @@ def _leave_batch(RI, TI, BT, si, r):
 @jit.entry
 def observe(S, E, pid, pf, pi, ids, tokens, finished, n, dt, t, saved):
     """One decode step seen on the streams (the module's docstring). ``saved``: an int64 scratch
-    array of one entry per tenant. Returns per_seq."""
+    array of one entry per tenant. Returns per_seq, or -1 (and changes nothing) when an id is
+    not in flight."""
     RF, RI, TF, TI, BT, heap, heap_n, sf, si = S
     n_t = TI.shape[1]
+    for i in range(n):
+        r = ids[i]
+        if r < 0 or r >= si[N_REQ] or RI[STATUS, r] != RUNNING:
+            return -1.0
     P = 0
     kmax = 0
     for i in range(n):
