@@ -118,7 +118,7 @@ def test_saved_runs_meet_the_chapter_bounds():
         # the chapter leaves invalid runs out; at least two thirds of each engine's are valid
         assert sum(bool(r.summary["valid"]) for r in mine) >= 2 * len(mine) / 3
     for r in runs:
-        assert r.backend == "http" and set(p.name for p in Path(r.path).iterdir()) == set(fd.SAVED_FILES)
+        assert r.backend == "http" and set(p.name for p in Path(r.path).iterdir()) == set(fd.STORED_FILES)
         if r.name == "seed000":    # cut after its window at 3x overload: some requests time out
             assert r.summary["n_ok"] > 0 and set(r.records["error_class"]) <= {"none", "timeout"}
         else:

@@ -60,10 +60,11 @@ from fairlib import paths
 from fairlib.backend import resolve_model, run_scenario
 from fairlib.calibrate import fit as fitmod
 from fairlib.calibrate.fit import engine_at, mean_decode_context
-from fairlib.calibrate.lifecycle import ModelTokenizer, default_model, nice_of
+from fairlib.calibrate.lifecycle import ModelTokenizer, default_model, nice_of, sched_of
 from fairlib.chapters import published
 from fairlib.client import EndpointConfig
 from fairlib.records import Run, load_run, simulate_run
+from fairlib.records.rundir import records_path, write_gzip
 from fairlib.scenarios import load
 from fairlib.sim.engine import Engine
 from fairlib.sim.policies import POLICIES
@@ -71,10 +72,10 @@ from fairlib.sim.policies import POLICIES
 __all__ = ["KINDS", "SCENARIOS", "GOALS", "CHECKS", "runs_root", "endpoint_config", "model_tokenizer",
            "fit_file", "fitted_engine", "scenario_spec", "load_specs", "run_live", "save_runs", "load_saved", "sim_spec",
            "simulate_pairs", "compare", "compare_all", "error_summary", "goal_table", "check", "published_table",
-           "seed000_spec", "seed000_live", "seed000_compare", "SEED000_SHARE_PTS", "SAVED_FILES", "record", "fit_points",
+           "seed000_spec", "seed000_live", "seed000_compare", "SEED000_SHARE_PTS", "SAVED_FILES", "STORED_FILES", "record", "fit_points",
            "scenario_table", "live_validity_table", "LIVE_VALIDITY_COLUMNS", "RECORD_SCENARIOS", "SAVED_SCENARIOS",
            "RECORD_SEEDS", "RECORD_DURATION_S", "RECORD_SEED000_S", "simulate_live", "STALL_GAP_MS", "STALL_REPEAT",
-           "STALL_BURST_MS",
+           "STALL_BURST_MS", "loadavg", "compact_records", "check_same_schedule", "wait_quiet",
            "METRICS", "LATENCY_METRICS", "METRIC_LABELS", "both_ways", "sensitivity", "SENSITIVITY_PARAMS",
            "SENSITIVITY_FACTORS", "PARAM_LABELS", "idle_ttft", "ENGINE_COLOURS", "OTHER_ENGINE_COLOUR", "fit_chart", "crosscheck_table",
            "valid_rows", "long_errors", "scenario_errors", "scenario_error_chart", "scatter_chart",
@@ -96,6 +97,8 @@ CHECKS = {"share_pts_max": 8.0, "share_pts_median": 3.0, "e2e_p50_pct_median": 3
 SEED000_SHARE_PTS = 4.0
 #: What a saved run keeps of a run directory (server_metrics.jsonl is left out: it is large).
 SAVED_FILES = ("records.jsonl", "summary.json", "config.json", "env.json")
+#: what a saved run directory holds: the same files, the records compressed (``save_runs``)
+STORED_FILES = ("records.jsonl.gz", "summary.json", "config.json", "env.json")
 
 
 def runs_root() -> Path:
@@ -168,7 +171,7 @@ def load_specs(fit, names: Optional[Sequence[str]] = None, duration_s: Optional[
     return [scenario_spec(fit, n, duration_s) for n in (names or SCENARIOS)]
 
 
-def _loadavg() -> Optional[float]:
+def loadavg() -> Optional[float]:
     """The machine's 1-minute load average as a run starts (recorded with the run)."""
     try:
         return round(os.getloadavg()[0], 2)
@@ -190,7 +193,7 @@ def run_live(specs, seeds, cfg, runs_dir, *, kind: str, tokenizer=None, fit_info
     for spec, info in specs:
         for seed in seeds:
             rd = Path(runs_dir) / spec.name / f"seed{seed}"
-            more = {"engine_kind": kind, **info, "fit": fit_info or {}, "loadavg_1m": _loadavg(), **(extra or {})}
+            more = {"engine_kind": kind, **info, "fit": fit_info or {}, "loadavg_1m": loadavg(), **(extra or {})}
             out.append(run_scenario(spec, seed, "http", run_dir=rd, endpoint_config=cfg, tokenizer=tokenizer,
                                     server_policy=server_policy, config_extra=more, scrape_metrics=True))
     return out
@@ -206,7 +209,7 @@ def _round(v, digits: int):
     return v
 
 
-def _compact_records(src: Path, dst: Path, digits: int = 6) -> None:
+def compact_records(src: Path, dst: Path, digits: int = 6) -> None:
     """``records.jsonl`` with its times rounded to a microsecond (the 16 digits JSON writes are
     below any clock's resolution; it halves the file). The intended send times stay exact: the
     simulation checks the schedule against them."""
@@ -220,8 +223,8 @@ def _compact_records(src: Path, dst: Path, digits: int = 6) -> None:
 
 
 def save_runs(runs, kind: str, root: Optional[Path] = None) -> list:
-    """Copy the small files of live runs to ``data/runs/<kind>/<scenario>/seed<k>`` (the chunk
-    times rounded to a microsecond)."""
+    """Copy the small files of live runs to ``data/runs/<kind>/<scenario>/seed<k>`` (the records
+    with their chunk times rounded to a microsecond, gzip-compressed: ``records.jsonl.gz``)."""
     root = Path(root) if root is not None else runs_root()
     paths = []
     for r in runs:
@@ -229,8 +232,10 @@ def save_runs(runs, kind: str, root: Optional[Path] = None) -> list:
         dst.mkdir(parents=True, exist_ok=True)
         for f in SAVED_FILES:
             src = Path(r.path) / f
-            if src.exists() and f == "records.jsonl":
-                _compact_records(src, dst / f)
+            if src.exists() and f == "records.jsonl":       # compacted, then compressed
+                compact_records(src, dst / f)
+                write_gzip(dst / f, dst / (f + ".gz"))
+                (dst / f).unlink()
             elif src.exists():
                 shutil.copyfile(src, dst / f)
         paths.append(dst)
@@ -268,7 +273,7 @@ def sim_spec(run: Run):
     return spec
 
 
-def _check_schedule(run: Run, spec) -> None:
+def check_same_schedule(run: Run, spec) -> None:
     req = spec.requests(run.seed)
     sent = np.sort(pd.to_numeric(run.records["intended_send_s"]).to_numpy(float))
     if len(sent) != len(req) or not np.allclose(sent, np.sort(req["arrival_ms"].to_numpy(float)) / 1e3,
@@ -286,7 +291,7 @@ def simulate_live(run: Run, engine: Optional[Engine] = None, *, check_schedule: 
         spec = replace(spec, scenario=replace(spec.scenario, engine=engine))
     policy = run.extra.get("policy") if run.extra.get("policy") in POLICIES else spec.policy
     if check_schedule:
-        _check_schedule(run, spec)
+        check_same_schedule(run, spec)
     sim = simulate_run(spec, run.seed, policy)
     sim.config["extra"]["policy"] = policy
     return sim
@@ -798,7 +803,7 @@ def seed000_live(cfg, spec_info, seed: int, run_dir, *, kind: str, tokenizer=Non
 
     spec, info = spec_info
     more = {"engine_kind": kind, **info, "fit": fit_info or {}, "cut_after_s": spec.duration_s,
-            "loadavg_1m": _loadavg(), **(extra or {})}
+            "loadavg_1m": loadavg(), **(extra or {})}
     return run_scenario(spec, seed, "http", run_dir=run_dir,
                         endpoint_config=replace(cfg, timeout_s=spec.duration_s),
                         tokenizer=tokenizer, server_policy="fcfs", config_extra=more, scrape_metrics=True)
@@ -839,10 +844,10 @@ RECORD_SEED000_S = 20.0
 
 def _saved_run(root: Path, kind: str, name: str, seed: int) -> Optional[Run]:
     d = Path(root) / kind / name / f"seed{seed}"
-    return load_run(d) if (d / "records.jsonl").exists() and (d / "summary.json").exists() else None
+    return load_run(d) if records_path(d).exists() and (d / "summary.json").exists() else None
 
 
-def _wait_quiet(max_load: Optional[float], max_wait_s: float, log) -> float:
+def wait_quiet(max_load: Optional[float], max_wait_s: float, log) -> float:
     """Wait (up to ``max_wait_s``) until the machine's 1-minute load average is at most
     ``max_load``: on a shared machine a run started under a burst of other work is invalid (the
     client falls behind its schedule) or slowed. Returns the load when the run starts."""
@@ -914,13 +919,13 @@ def record(kind: str, *, refit: bool = True, duration_s: float = RECORD_DURATION
         fit = fitmod.load_fit(ffile)
         info = {"file": f"data/engines/{kind}.json", "date": fit.get("date")}
         cfg, tok = eng.endpoint_config(), eng.tokenizer()
-        extra = {"engine_nice": nice_now}
+        extra = {"engine_nice": nice_now, "engine_sched": sched_of(eng.pid)}
         for n in names:
             if not todo[n]:
                 continue
             specs = load_specs(fit, [n], duration_s)
             for s in todo[n]:
-                load = _wait_quiet(quiet_load, quiet_wait_s, log)
+                load = wait_quiet(quiet_load, quiet_wait_s, log)
                 r = run_live(specs, [s], cfg, work / "runs", kind=kind, tokenizer=tok, fit_info=info,
                              extra=extra)[0]
                 out["runs"] += [str(p) for p in save_runs([r], kind, root)]
@@ -929,7 +934,7 @@ def record(kind: str, *, refit: bool = True, duration_s: float = RECORD_DURATION
         if todo0:
             s0 = seed000_spec(fit, seed000_duration_s)
             for s in todo0:
-                load = _wait_quiet(quiet_load, quiet_wait_s, log)
+                load = wait_quiet(quiet_load, quiet_wait_s, log)
                 r = seed000_live(cfg, s0, s, work / "seed000" / f"seed{s}", kind=kind, tokenizer=tok,
                                  fit_info=info, extra=extra)
                 out["runs"] += [str(p) for p in save_runs([r], kind, root)]

@@ -17,6 +17,7 @@ from fairlib.analysis.common import QS
 from fairlib.analysis.run import RunAnalysis, analyze_run, tenant_latency, tenant_table, victim_table
 from fairlib.paths import data_path
 from fairlib.records import Run, load_run
+from fairlib.records.rundir import records_path
 from fairlib.scenarios import available
 
 __all__ = ["LIVE_ENGINES", "SOURCES", "saved_live_runs", "engine_of", "analyze_pairs",
@@ -57,7 +58,7 @@ def saved_live_runs(engines: Optional[Sequence[str]] = None, root=None) -> list:
                       key=lambda p: (order.index(p.name) if p.name in order else len(order), p.name))
         for s in scen:
             for p in sorted(s.glob("seed*"), key=seed_of):
-                if (p / "records.jsonl").exists():
+                if records_path(p).exists():
                     out.append(load_run(p))
     return out
 

@@ -24,7 +24,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from fairlib.records.rundir import RunDir, load_records, read_json
+from fairlib.records.rundir import RunDir, load_records, read_json, records_path
 from fairlib.records.schema import RECORD_FIELDS
 from fairlib.records.summary import MAX_ERROR_RATE, summarize
 from fairlib.sim.simulate import SimResult
@@ -196,7 +196,7 @@ def load_run(run_dir) -> Run:
     ``summary.json`` (a client killed before writing it) the summary is rebuilt from the records
     as an unfinished run: planned count from ``config.json``, interrupted, not valid."""
     p = Path(run_dir)
-    if not (p / "records.jsonl").exists():
+    if not records_path(p).exists():
         raise ValueError(f"{p} is not a run directory (no records.jsonl)")
     config = read_json(p / "config.json") if (p / "config.json").exists() else {}
     records = load_records(p)

@@ -7,9 +7,11 @@ damaged file raises ``ValueError`` naming the file and the line.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pandas as pd
 from fairlib.records.schema import RECORD_FIELDS
 
 __all__ = ["RunDir", "RecordWriter", "load_records", "load_summary", "load_server_metrics", "read_jsonl",
-           "read_json"]
+           "read_json", "records_path", "write_gzip"]
 
 
 def _strict(obj, path: str, bad: list):
@@ -118,9 +120,13 @@ class RunDir:
 
 
 def read_jsonl(path) -> list:
-    """JSON lines; a torn last line (no final newline: a crash mid-write) is skipped. A damaged
-    line raises ``ValueError`` naming the file and the line number (1-based)."""
-    parts = Path(path).read_bytes().split(b"\n")
+    """JSON lines (gzip-compressed when the name ends in ``.gz``: saved runs of the book); a torn
+    last line (no final newline: a crash mid-write) is skipped. A damaged line raises
+    ``ValueError`` naming the file and the line number (1-based)."""
+    raw = Path(path).read_bytes()
+    if str(path).endswith(".gz"):
+        raw = gzip.decompress(raw)
+    parts = raw.split(b"\n")
     complete = parts[:-1]  # the piece after the last newline is empty or torn
     out = []
     for i, line in enumerate(complete, 1):
@@ -143,10 +149,25 @@ def read_json(path):
         raise ValueError(f"{path}: JSON nested too deeply") from None
 
 
+def records_path(run_dir) -> Path:
+    """A run directory's records: ``records.jsonl``, or ``records.jsonl.gz`` where only that is
+    there (a saved run, compressed)."""
+    p = Path(run_dir) / "records.jsonl"
+    gz = p.with_name(p.name + ".gz")
+    return gz if not p.exists() and gz.exists() else p
+
+
+def write_gzip(src, dst) -> None:
+    """``src`` compressed to ``dst``, byte-identical for identical input (no name, no time)."""
+    with open(src, "rb") as f, open(dst, "wb") as out:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=9) as z:
+            shutil.copyfileobj(f, z)
+
+
 def load_records(run_dir):
     """One row per request (sorted by request_id), the columns ``RECORD_FIELDS``;
     ``chunk_times_s``/``chunk_tokens`` stay lists."""
-    recs = read_jsonl(Path(run_dir) / "records.jsonl")
+    recs = read_jsonl(records_path(run_dir))
     df = pd.DataFrame.from_records(recs, columns=list(RECORD_FIELDS)) if recs else pd.DataFrame(columns=list(RECORD_FIELDS))
     if len(df):
         df = df.sort_values("request_id", kind="mergesort").reset_index(drop=True)
