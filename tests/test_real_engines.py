@@ -17,8 +17,13 @@ test of its class, then stopped:
    :data:`LIVE_BOUNDS` over the valid runs (bounds set from the noise measured on this machine),
    never against the committed text;
 4. on vLLM, **priority** (``--scheduling-policy priority``, lower first) and **chapter 1**
-   re-measured (FCFS, the seed-000 tenants at 3x overload: the measured residency split within
-   ``fairlib.chapters.fidelity.SEED000_SHARE_PTS`` points of the simulated one).
+   re-measured (FCFS, the blog post's tenants at 3x overload: the measured residency split within
+   ``fairlib.chapters.fidelity.SEED000_SHARE_PTS`` points of the simulated one);
+5. on vLLM, **chapters 1-4 through the fairness gateway** (``fairlib gateway`` in front of the
+   engine, each chapter's schedulers: FCFS, the equal quota, VTC, charge dt/B, the slot cap),
+   papermill with ``backend="http"``: every gateway run valid, no slot left held, and the measured
+   shares within :data:`GATEWAY_BOUNDS` of the simulated ones (bounds from the noise of the
+   saved runs and of these tests' short windows).
 
 Timings on this 2-core machine are noisy (client, server and engine share the cores; the engines
 run 10 nice steps below the client, ``fairlib.calibrate.lifecycle.DEFAULT_NICE``): bounds are wide, shapes and
@@ -39,6 +44,7 @@ import pandas as pd
 import pytest
 
 from fairlib.chapters import fidelity as fd
+from fairlib.chapters import gateway_live as gl
 from fairlib.calibrate import fit
 from fairlib.client.sse import DONE, SSEParser, decode_payload
 from fairlib.calibrate.lifecycle import engine_available
@@ -49,6 +55,9 @@ pytestmark = [pytest.mark.engine]
 ROOT = Path(__file__).resolve().parents[1]
 CH8 = ROOT / "notebooks" / "08_simulator_fidelity.ipynb"
 CH1 = ROOT / "notebooks" / "01_residency_accounting.ipynb"
+CH2 = ROOT / "notebooks" / "02_quota_inversion.ipynb"
+CH3 = ROOT / "notebooks" / "03_vtc_weight_derivation.ipynb"
+CH4 = ROOT / "notebooks" / "04_slot_cap_failure.ipynb"
 #: A quick fit: two contexts, five batch sizes, the median of three repeats (the committed fits
 #: use DEFAULTS). One repeat (11 s on vLLM) gave a decode R2 of 0.67 once, on a machine loaded to
 #: twice its cores: one timed batch 7 ms off. Three (about 30 s) take the median.
@@ -230,6 +239,9 @@ LIVE_BOUNDS = {"share_pts_median": 4.0, "share_pts_p90": 10.0, "throughput_pct_m
 #: engines, sampling on. Fewer valid runs fail the test: latencies the client distorted are not
 #: the engine's.
 MIN_VALID_RUNS = 3
+#: Chapters 1-4 through the gateway: one seed of each chapter's schedulers, short windows.
+GATEWAY_DURATION_S = 15.0
+GATEWAY_BOUNDS = {"share_pts_median": 4.0, "share_pts_max": 12.0}
 
 
 def _live_stats(table: pd.DataFrame) -> dict:
@@ -376,6 +388,48 @@ class TestVLLM:
         worst = split["difference, priced (points)"].abs().max()
         assert worst <= fd.SEED000_SHARE_PTS, split
         assert run.summary["schedule_lag_ms"]["p50"] < 10.0
+
+
+    def test_chapters_1_to_4_through_the_gateway(self, eng, fitted, tmp_path):
+        """Each chapter's schedulers measured through a gateway it starts in front of vLLM."""
+        keys = {CH1: gl.POLICY_KEYS[:4], CH2: ("fcfs", "rpm_quota"), CH3: ("vtc",), CH4: ("slot_cap",)}
+        runs = []
+        for nb, want in keys.items():
+            out = tmp_path / nb.name
+            with _timed(f"vllm {nb.stem} (papermill, through the gateway)"):
+                _papermill(nb, out, ["-p", "backend", "http", "-r", "endpoint", eng.base_url,
+                                     "-r", "engine_kind", self.kind, "-r", "fit_file", str(fitted[1]),
+                                     "-y", "gateway_seeds: [0]",
+                                     "-p", "gateway_duration_s", str(GATEWAY_DURATION_S),
+                                     "-p", "live_duration_s", str(LIVE_DURATION_S),
+                                     "-r", "runs_dir", str(tmp_path / nb.stem)], timeout=900)
+            text = _outputs(out)
+            assert "through the gateway (measured now)" in text, text[-2000:]
+            got = [load_run(p) for p in sorted((tmp_path / nb.stem / "gateway" / self.kind).glob("*/seed*"))]
+            assert sorted(r.extra["gateway"]["key"] for r in got) == sorted(want)
+            runs += got
+        _check_gateway_runs(runs)
+
+
+def _check_gateway_runs(runs):
+    """Fresh gateway runs: valid, drained (no slot held after the run), every answered request's
+    tokens counted by the gateway, and the measured shares within :data:`GATEWAY_BOUNDS`."""
+    for r in runs:
+        st = json.loads((Path(r.path) / "gateway.json").read_text())
+        assert st["in_flight"] == 0 and st["waiting"] == 0 and st["pending"] == 0, st
+        assert r.summary["valid"], (r.extra["gateway"], r.summary["valid_reason"])
+        ok = r.records[r.records.error_class == "none"]
+        assert (ok.completion_tokens == ok.max_tokens).all()
+    rows = gl.share_rows(runs)
+    diff = rows["difference"].abs()
+    stats = {"share_pts_median": float(diff.median()), "share_pts_max": float(diff.max()), "rows": len(rows)}
+    out = ROOT / ".cache" / "engines" / "live_stats.jsonl"
+    with open(out, "a") as f:
+        f.write(json.dumps({"kind": "vllm-gateway", "t": time.time(), **stats}) + "\n")
+    print(rows.round(2).to_string())
+    print(stats)
+    bad = {k: (round(stats[k], 2), b) for k, b in GATEWAY_BOUNDS.items() if not stats[k] <= b}
+    assert not bad, (bad, stats)
 
 
 # --- llama.cpp ------------------------------------------------------------------------------------
