@@ -239,9 +239,17 @@ LIVE_BOUNDS = {"share_pts_median": 4.0, "share_pts_p90": 10.0, "throughput_pct_m
 #: engines, sampling on. Fewer valid runs fail the test: latencies the client distorted are not
 #: the engine's.
 MIN_VALID_RUNS = 3
-#: Chapters 1-4 through the gateway: one seed of each chapter's schedulers, short windows.
+#: Chapters 1-4 through the gateway: one seed of each chapter's schedulers (8 runs), 15-s windows.
+#: The noise the bounds come from: the saved runs (5 policies x 3 seeds, 30 s) put the measured
+#: share 0.34 points (median sd over seeds) from run to run, 2.65 at most in one run; the first run
+#: of this test (8 runs, 15 s) had |measured - simulated| 0.41 at the median and 1.08 at most over
+#: its 28 valid tenant rows. The bounds sit at about 5x those: a wrong charge or a gateway that
+#: admits out of the policy's order moves a share by far more (FCFS against VTC: 10 points).
 GATEWAY_DURATION_S = 15.0
-GATEWAY_BOUNDS = {"share_pts_median": 4.0, "share_pts_max": 12.0}
+GATEWAY_BOUNDS = {"share_pts_median": 2.0, "share_pts_max": 5.0}
+#: Runs whose client fell behind its schedule (p99 lag > 10 ms) are reported and left out; at
+#: least this many of the 8 must be valid (the first run of this test: 7 of 8, one at 22 ms).
+MIN_VALID_GATEWAY_RUNS = 6
 
 
 def _live_stats(table: pd.DataFrame) -> dict:
@@ -412,17 +420,24 @@ class TestVLLM:
 
 
 def _check_gateway_runs(runs):
-    """Fresh gateway runs: valid, drained (no slot held after the run), every answered request's
-    tokens counted by the gateway, and the measured shares within :data:`GATEWAY_BOUNDS`."""
+    """Fresh gateway runs: drained (no slot held after the run), every answered request's tokens
+    counted by the gateway, at least :data:`MIN_VALID_GATEWAY_RUNS` valid, and the measured shares
+    of the valid ones within :data:`GATEWAY_BOUNDS` of the simulated ones."""
     for r in runs:
         st = json.loads((Path(r.path) / "gateway.json").read_text())
         assert st["in_flight"] == 0 and st["waiting"] == 0 and st["pending"] == 0, st
-        assert r.summary["valid"], (r.extra["gateway"], r.summary["valid_reason"])
         ok = r.records[r.records.error_class == "none"]
         assert (ok.completion_tokens == ok.max_tokens).all()
-    rows = gl.share_rows(runs)
+        tokens = sum(t["output_tokens"] for t in st["tenants"].values())
+        assert tokens >= ok.completion_tokens.sum(), (tokens, ok.completion_tokens.sum())
+        if not r.summary["valid"]:
+            warnings.warn(f"gateway run {r.extra['gateway']['key']} invalid: {r.summary['valid_reason']}")
+    valid = [r for r in runs if r.summary["valid"]]
+    assert len(valid) >= MIN_VALID_GATEWAY_RUNS, [r.summary["valid_reason"] for r in runs]
+    rows = gl.share_rows(valid)
     diff = rows["difference"].abs()
-    stats = {"share_pts_median": float(diff.median()), "share_pts_max": float(diff.max()), "rows": len(rows)}
+    stats = {"share_pts_median": float(diff.median()), "share_pts_max": float(diff.max()), "rows": len(rows),
+             "valid_runs": len(valid)}
     out = ROOT / ".cache" / "engines" / "live_stats.jsonl"
     with open(out, "a") as f:
         f.write(json.dumps({"kind": "vllm-gateway", "t": time.time(), **stats}) + "\n")
