@@ -60,9 +60,11 @@ CH3 = ROOT / "notebooks" / "03_vtc_weight_derivation.ipynb"
 CH4 = ROOT / "notebooks" / "04_slot_cap_failure.ipynb"
 #: A quick fit: two contexts, five batch sizes, the median of three repeats (the committed fits
 #: use DEFAULTS). One repeat (11 s on vLLM) gave a decode R2 of 0.67 once, on a machine loaded to
-#: twice its cores: one timed batch 7 ms off. Three (about 30 s) take the median.
+#: twice its cores: one timed batch 7 ms off. Three (about 30 s) take the median; the prefill too
+#: (two repeats gave a prefill R2 of 0.91 once: the engine runs under SCHED_IDLE, so any other
+#: work on the machine stretches a 10-50 ms prefill it is timing).
 QUICK_FIT = dict(batches=(1, 2, 4, 8, 16), prompt_tokens=(32, 512), decode_tokens=48, repeats=3,
-                 prefill_lengths=(16, 128, 256, 512), prefill_repeats=2)
+                 prefill_lengths=(16, 128, 256, 512), prefill_repeats=3)
 DECODE_R2_MIN = 0.8
 PREFILL_R2_MIN = 0.95
 LIVE_DURATION_S = 20.0
