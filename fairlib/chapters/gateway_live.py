@@ -54,7 +54,7 @@ from fairlib.records import Run, load_run, simulate_run
 from fairlib.records.rundir import read_jsonl, write_gzip
 from fairlib.sim.gate import replay
 
-__all__ = ["EXPERIMENT", "POLICY_KEYS", "RECORD_SEEDS", "RECORD_DURATION_S", "SHARE_PTS", "policies_for", "experiment_spec",
+__all__ = ["EXPERIMENT", "POLICY_KEYS", "RECORD_SEEDS", "RECORD_DURATION_S", "SHARE_PTS", "used_rows", "policies_for", "experiment_spec",
            "LiveGateway", "run_policy", "measure", "save_runs", "load_saved", "saved_root", "simulate", "gate_at",
            "window_ms", "fit_path_of", "share_rows", "share_table", "validity_table", "chapter_runs", "share_chart", "quota_cost_table", "noise", "counter_table", "slot_cap_table", "record"]
 
@@ -283,6 +283,14 @@ def share_rows(runs: Sequence[Run]) -> pd.DataFrame:
     out = pd.DataFrame(rows)
     out["difference"] = out["measured"] - out["simulated"]
     return out
+
+
+def used_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows a chapter's tables use: per policy, those of its valid runs, or all of its rows
+    when none of its runs is valid (the chapter's validity table says so), so that one policy's
+    invalid runs neither enter the others' means nor remove the policy from the table."""
+    keep = rows.groupby("policy", sort=False)["valid"].transform("any")
+    return rows[rows["valid"] | ~keep]
 
 
 def share_table(rows: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
