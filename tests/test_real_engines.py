@@ -403,10 +403,19 @@ class TestVLLM:
         _check_gateway_runs(runs)
 
 
+#: Chapter 1's fresh FCFS run (seed000, one 20-s window, vLLM as it schedules): |measured -
+#: simulated| per tenant, residency with prefill priced. Seen over eleven runs of this test: the
+#: worst tenant within 1.6 points in ten, 5.3 in one (median over the tenants 3.6: FCFS in so
+#: short a window depends on which long answers enter first). Bounds at 1.5x the worst seen; an
+#: accounting that charged prefill to every running sequence, or a policy that is not FCFS,
+#: moves a tenant by 5-10 points and the median with it.
+CH1_LIVE_BOUNDS = {"median": 5.0, "max": 8.0}
+
+
 def _check_chapter1_fcfs(runs_dir, text):
     """Chapter 1's FCFS run (the blog post's tenants at 3x overload, as the engine schedules them):
-    the residency split measured within ``fairlib.chapters.fidelity.SEED000_SHARE_PTS`` points of
-    the simulated one. Asserted: residency with prefill priced (a cost fitted from the same
+    the residency split measured within :data:`CH1_LIVE_BOUNDS` of the simulated one (median and
+    worst over the tenants). Asserted: residency with prefill priced (a cost fitted from the same
     streams), the accounting the simulator uses. Not asserted: the equal split of prefill time,
     which charges a prompt's prefill to every running sequence; how far it lands from the
     simulator's equal split depends on how slow this machine prefills relative to decode (1 point
@@ -415,8 +424,12 @@ def _check_chapter1_fcfs(runs_dir, text):
     run = load_run(runs_dir / "vllm" / "seed000" / "seed0")
     split = fd.seed000_compare(run)
     print(split.round(2).to_string())
-    worst = split["difference, priced (points)"].abs().max()
-    assert worst <= fd.SEED000_SHARE_PTS, split
+    d = split["difference, priced (points)"].abs()
+    stats = {"median": float(d.median()), "max": float(d.max())}
+    with open(ROOT / ".cache" / "engines" / "live_stats.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "vllm-ch1-fcfs", "t": time.time(), **stats}) + "\n")
+    bad = {k: (round(stats[k], 2), b) for k, b in CH1_LIVE_BOUNDS.items() if not stats[k] <= b}
+    assert not bad, (bad, split)
     assert run.summary["schedule_lag_ms"]["p50"] < 10.0
 
 
