@@ -405,8 +405,9 @@ class TestVLLM:
 
 #: Chapter 1's fresh FCFS run (seed000, one 20-s window, vLLM as it schedules): |measured -
 #: simulated| per tenant, residency with prefill priced. Seen over eleven runs of this test: the
-#: worst tenant within 1.6 points in ten, 5.3 in one (median over the tenants 3.6: FCFS in so
-#: short a window depends on which long answers enter first). Bounds at 1.5x the worst seen; an
+#: worst tenant within the saved run's 4-point bound in ten (the one printed: 0.65), 5.3 in one
+#: (median over the tenants 3.6: FCFS in so short a window depends on which long answers enter
+#: first). Bounds at 1.5x the worst seen; an
 #: accounting that charged prefill to every running sequence, or a policy that is not FCFS,
 #: moves a tenant by 5-10 points and the median with it.
 CH1_LIVE_BOUNDS = {"median": 5.0, "max": 8.0}
