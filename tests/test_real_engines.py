@@ -153,8 +153,15 @@ def _check_wire(kind: str, eng):
         def text(c):
             ch = c["choices"][0]
             return ch.get("text") if api == "completions" else (ch.get("delta") or {}).get("content")
-        token_chunks = [c for c in chunks if c.get("choices") and text(c)]
-        assert len(token_chunks) == n, (kind, api, len(token_chunks))
+        def ids(c):
+            return c["choices"][0].get("token_ids") or []
+        # A chunk carries text or token ids. The tiny model's random tokens include byte pieces
+        # whose text is empty until the character completes, so their text comes in a later
+        # chunk (4 text chunks for 6 tokens in one run of ten): count tokens, not text chunks.
+        token_chunks = [c for c in chunks if c.get("choices") and (text(c) or ids(c))]
+        assert 1 <= len(token_chunks) <= n, (kind, api, len(token_chunks))
+        if any(ids(c) for c in token_chunks):
+            assert sum(len(ids(c)) for c in token_chunks) == n, (kind, api, token_chunks)
         f = {"usage_chunk_has_no_choices": usage_alone,
              "final_token_chunk_carries_finish_reason": bool(text(finish[-1])),
              "timings": sorted(last.get("timings", {}))}
@@ -183,7 +190,8 @@ def _check_wire(kind: str, eng):
     run(sched, eng.endpoint_config(), d, scrape_metrics=False, collect_env=False)
     rec = load_records(d)
     assert (rec.error_class == "none").all(), rec[["api", "error_class", "error_message"]]
-    assert (rec.completion_tokens == n).all() and (rec.n_token_chunks == n).all()
+    assert (rec.completion_tokens == n).all() and (rec.n_token_chunks <= n).all()
+    assert rec.chunk_tokens.map(sum).eq(n).all(), rec.chunk_tokens.tolist()
     assert (rec.ttft_s > 0).all() and (rec.done).all()
     return facts
 
