@@ -265,10 +265,12 @@ def live_workload(requests: pd.DataFrame, counting: str) -> pd.DataFrame:
 
 def measure_live(endpoint: str, kind: str, fit_path, *, policies: Sequence[str] = tuple(POLICIES),
                  seeds: Sequence[int] = (0,), counting: str = "tokens", scale: float = LIVE_SCALE,
-                 runs_dir="runs/ch05", model: Optional[str] = None, extra: Optional[dict] = None, log=print) -> list:
+                 runs_dir="runs/ch05", model: Optional[str] = None, extra: Optional[dict] = None,
+                 fit_label: Optional[str] = None, log=print) -> list:
     """Each scheduler x seed of the protocol, scaled, through a gateway with the estimator in front
     of ``endpoint``; run directories ``runs_dir/<counting>/<policy>/seed<k>`` (the client's
-    records and the gateway's log and state)."""
+    records and the gateway's log and state). ``fit_label``: how the runs name the fit file
+    (default its path)."""
     fit = fitmod.load_fit(fit_path)
     live_engine = fd.fitted_engine(fit)
     cfg = fd.endpoint_config(kind, endpoint, model, priority=False)
@@ -288,7 +290,7 @@ def measure_live(endpoint: str, kind: str, fit_path, *, policies: Sequence[str] 
                                        token_id_prompts=counting == "tokens")
                 gw.set_policy(pol, params)
                 rd = Path(runs_dir) / counting / pol / f"seed{s}"
-                more = {"engine_kind": kind, "fit": {"file": str(fit_path), "date": fit.get("date")},
+                more = {"engine_kind": kind, "fit": {"file": fit_label or str(fit_path), "date": fit.get("date")},
                         "sim_engine": live_engine.to_dict(), "loadavg_1m": fd.loadavg(),
                         "driftsched": {"label": label, "policy": pol, "params": params, "counting": counting,
                                        "seed": int(s), "scale": scale, "stretch": stretch}, **(extra or {})}
@@ -376,7 +378,8 @@ def record(kind: str = "vllm", *, seeds: Sequence[int] = RECORD_SEEDS, counting:
             fd.wait_quiet(quiet_load, 300.0, print)
             runs = measure_live(eng.base_url, kind, ffile, policies=[label], seeds=seeds, counting=counting,
                                 scale=scale, runs_dir=Path(tempfile.mkdtemp(prefix="fairlib-ch05-")), model=eng.model,
-                                extra=extra)
+                                extra=extra, fit_label=None if fit_path is not None else
+                                f"data/runs/gateway/{kind}/fit.json")
             saved += save_live(runs, kind, root)
     return saved
 
