@@ -407,7 +407,8 @@ class _Sim:
 
 def reference_simulate(requests, *, n_tenants, iter_base_ms, iter_slope_ms, prefill_ms_per_token,
                        max_batch, max_prefill_tokens=None, kv_capacity_tokens=None,
-                       policy="fcfs", horizon_ms=float("inf"), **params):
+                       policy="fcfs", horizon_ms=float("inf"), batching="continuous", fill_wait_ms=10.0,
+                       **params):
     """requests: a pandas DataFrame (or dict of lists) with columns arrival_ms, tenant, prompt_tokens,
     output_tokens and optionally est_output_tokens, klass, priority (already sorted by arrival, table order = row order).
     Returns (req, ten, run):
@@ -416,6 +417,9 @@ def reference_simulate(requests, *, n_tenants, iter_base_ms, iter_slope_ms, pref
       ten: dict of lists, one entry per tenant 0..n_tenants-1: machine_ms, prefill_ms, decode_ms, decode_tokens,
            requests_admitted, requests_finished, requests_rejected, share (machine_ms / total; NaN if total is 0)
       run: dict with busy_ms, iterations, decode_tokens
+    batching="static": the batch-synchronous worker (book/engine-model.md): nothing joins a running
+    batch; a free worker with requests waiting takes up to max_batch of them, waiting up to
+    fill_wait_ms from when it first saw one waiting for more to arrive.
     """
     sim = _Sim()
     sim.n_tenants = n_tenants = int(n_tenants)
@@ -456,6 +460,8 @@ def reference_simulate(requests, *, n_tenants, iter_base_ms, iter_slope_ms, pref
     n_rejected = [0] * n_tenants
 
     running = []  # table positions of running sequences
+    waiting = 0   # requests in the policy's lines
+    fill_start = None
 
     def running_per_tenant():
         counts = {}
@@ -488,6 +494,8 @@ def reference_simulate(requests, *, n_tenants, iter_base_ms, iter_slope_ms, pref
             if impossible or not pol.arrive(i, t):
                 rejected[i] = True
                 n_rejected[tenant[i]] += 1
+            else:
+                waiting += 1
 
         # 2. preemption
         held = []
@@ -498,10 +506,23 @@ def reference_simulate(requests, *, n_tenants, iter_base_ms, iter_slope_ms, pref
                 preemptions[victim] += 1
                 held.append(victim)
 
-        # 3. admission
+        # 3. admission (static batches: only a free worker, once it has max_batch or waited enough)
         P = 0
         admitted = []  # (position, prefill tokens)
-        while len(running) < max_batch:
+        may_admit = True
+        if batching == "static":
+            may_admit = not running and waiting > 0
+            if may_admit:
+                if fill_start is None:
+                    fill_start = t
+                deadline = fill_start + fill_wait_ms
+                if waiting < max_batch and t < deadline:
+                    if next_arrival < N and arrival[next_arrival] < deadline:
+                        deadline = arrival[next_arrival]
+                    t = min(deadline, horizon_ms)
+                    continue
+                fill_start = None
+        while may_admit and len(running) < max_batch:
             i = pol.select(t)
             if i is None:
                 break
@@ -511,6 +532,7 @@ def reference_simulate(requests, *, n_tenants, iter_base_ms, iter_slope_ms, pref
             if kv_capacity_tokens is not None and need(running) + pf + 1 > kv_capacity_tokens:
                 break
             pol.admit(i, pf)
+            waiting -= 1
             if math.isnan(admitted_ms[i]):
                 admitted_ms[i] = t
                 n_admitted[tenant[i]] += 1
@@ -523,6 +545,7 @@ def reference_simulate(requests, *, n_tenants, iter_base_ms, iter_slope_ms, pref
         if not running:
             for j in sorted(held):  # cannot happen (one sequence always fits), kept for safety
                 pol.requeue(j)
+                waiting += 1
             if next_arrival < N:
                 t = arrival[next_arrival]
                 continue
@@ -569,6 +592,7 @@ def reference_simulate(requests, *, n_tenants, iter_base_ms, iter_slope_ms, pref
         running = [j for j in running if j not in done]
         for j in sorted(held):
             pol.requeue(j)
+            waiting += 1
 
     total = sum(machine_ms)
     share = [m / total if total > 0 else NAN for m in machine_ms]

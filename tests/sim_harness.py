@@ -26,16 +26,17 @@ TEN_FIELDS = ("machine_ms", "prefill_ms", "decode_ms", "decode_tokens", "request
               "requests_rejected", "share")
 RUN_FIELDS = ("busy_ms", "iterations", "decode_tokens")
 ENGINE_FIELDS = ("iter_base_ms", "iter_slope_ms", "prefill_ms_per_token", "max_batch", "max_prefill_tokens",
-                 "kv_capacity_tokens")
+                 "kv_capacity_tokens", "batching", "fill_wait_ms")
 
 
 def compiled_result(requests, *, n_tenants, iter_base_ms, iter_slope_ms, prefill_ms_per_token, max_batch,
                     max_prefill_tokens=None, kv_capacity_tokens=None, policy="fcfs", horizon_ms=math.inf,
-                    **params) -> fairlib.SimResult:
+                    batching="continuous", fill_wait_ms=10.0, **params) -> fairlib.SimResult:
     """``fairlib.simulate`` called with the reference's keyword convention."""
     engine = fairlib.Engine(iter_base_ms=iter_base_ms, iter_slope_ms=iter_slope_ms,
                             prefill_ms_per_token=prefill_ms_per_token, max_batch=max_batch,
-                            max_prefill_tokens=max_prefill_tokens, kv_capacity_tokens=kv_capacity_tokens)
+                            max_prefill_tokens=max_prefill_tokens, kv_capacity_tokens=kv_capacity_tokens,
+                            batching=batching, fill_wait_ms=fill_wait_ms)
     df = requests if isinstance(requests, pd.DataFrame) else pd.DataFrame(requests)
     return fairlib.simulate(df, engine=engine, policy=policy, horizon_ms=horizon_ms, n_tenants=n_tenants, **params)
 
@@ -156,6 +157,11 @@ def random_case(seed, policy, n_max=80):
     kw.update(random_params(rng, policy, n_tenants, n_classes))
     if policy == "priority" and rng.random() < 0.3:
         df = df.drop(columns="priority")   # falls back to klass
+    # every fourth case (from its own generator, so the draws above are unchanged): static batches
+    side = np.random.default_rng(np.random.SeedSequence([int(seed), POLICY_NAMES.index(policy), 29]))
+    if side.random() < 0.25:
+        kw["batching"] = "static"
+        kw["fill_wait_ms"] = float(side.choice([0.0, 5.0, 10.0, 60.0]))
     return df, kw
 
 

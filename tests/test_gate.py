@@ -124,7 +124,8 @@ def _drive(policy, seed):
               prefill_ms_per_token=float(rng.choice([0.0, 0.0625, 0.25])))
     params = {k: v for k, v in kw.items() if k not in ("n_tenants", "policy", "iter_base_ms", "iter_slope_ms",
                                                        "prefill_ms_per_token", "max_batch", "max_prefill_tokens",
-                                                       "kv_capacity_tokens", "horizon_ms")}
+                                                       "kv_capacity_tokens", "horizon_ms", "batching",
+                                                       "fill_wait_ms")}
     eng = Engine(iter_base_ms=kw["iter_base_ms"], iter_slope_ms=kw["iter_slope_ms"],
                  prefill_ms_per_token=kw["prefill_ms_per_token"], max_batch=kw["max_batch"])
     n_t = kw["n_tenants"]

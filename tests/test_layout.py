@@ -3,7 +3,8 @@
 Levels, lowest first (a module may import its own level or a lower one):
 
 0. ``fairlib.paths``, ``fairlib.sim`` (the engine model and its policies), the package root
-1. ``fairlib.workload``, ``fairlib.traces``, ``fairlib.scenarios``: what is sent
+1. ``fairlib.workload``, ``fairlib.traces``, ``fairlib.scenarios``: what is sent; ``fairlib.drift``:
+   the output-length estimate (chapter 5)
 2. ``fairlib.records``: the seam both backends write and the analysis reads
 3. ``fairlib.client``: the HTTP backend; ``fairlib.servers``: how fairlib's servers run
 4. ``fairlib.serve`` (test doubles), ``fairlib.gateway`` (the policies in front of an engine),
@@ -23,7 +24,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "fairlib"
 LEVELS = {"fairlib.paths": 0, "fairlib.sim": 0, "fairlib": 0,
-          "fairlib.workload": 1, "fairlib.traces": 1, "fairlib.scenarios": 1,
+          "fairlib.workload": 1, "fairlib.traces": 1, "fairlib.scenarios": 1, "fairlib.drift": 1,
           "fairlib.records": 2, "fairlib.client": 3, "fairlib.servers": 3,
           "fairlib.serve": 4, "fairlib.gateway": 4, "fairlib.backend": 4, "fairlib.sweep": 4, "fairlib.analysis": 4,
           "fairlib.calibrate": 5, "fairlib.chapters": 6, "fairlib.cli": 7, "fairlib.__main__": 7}
@@ -124,7 +125,7 @@ def test_no_private_names_across_modules():
 
 #: What may be imported inside a function: heavy or optional packages a run does not need
 #: (charts, tokenizers, progress bars, the notebook display).
-LAZY_OK = {"altair", "transformers", "tokenizers", "tqdm", "IPython"}
+LAZY_OK = {"altair", "transformers", "tokenizers", "tqdm", "IPython", "tiktoken"}
 
 
 def test_imports_inside_functions_only_for_heavy_optional_packages():

@@ -23,7 +23,11 @@ test of its class, then stopped:
    engine, each chapter's schedulers: FCFS, the equal quota, VTC, charge dt/B, the slot cap),
    papermill with ``backend="http"``: every gateway run valid, no slot left held, and the measured
    shares within :data:`GATEWAY_BOUNDS` of the simulated ones (bounds from the noise of the
-   saved runs and of these tests' short windows).
+   saved runs and of these tests' short windows);
+6. on vLLM, **chapter 5 live** (DriftSched's protocol, scaled, through a gateway with the
+   estimator in it): FIFO and SJF, every answer counted and fed back to the gateway's estimator
+   (its factors equal the estimator replayed on the answers in the order they came back), and SJF
+   serving the short answers first (short_qa's median E2E lower than under FIFO).
 
 Timings on this 2-core machine are noisy (client, server and engine share the cores; the engines
 run 10 nice steps below the client, ``fairlib.calibrate.lifecycle.DEFAULT_NICE``): bounds are wide, shapes and
@@ -58,6 +62,9 @@ CH1 = ROOT / "notebooks" / "01_residency_accounting.ipynb"
 CH2 = ROOT / "notebooks" / "02_quota_inversion.ipynb"
 CH3 = ROOT / "notebooks" / "03_vtc_weight_derivation.ipynb"
 CH4 = ROOT / "notebooks" / "04_slot_cap_failure.ipynb"
+CH5 = ROOT / "notebooks" / "05_drift_calibration.ipynb"
+#: Chapter 5 live in the test: this fraction of the protocol's requests (30 + 60), one seed
+CH5_SCALE = 0.03
 #: A quick fit: two contexts, five batch sizes, the median of three repeats (the committed fits
 #: use DEFAULTS). One repeat (11 s on vLLM) gave a decode R2 of 0.67 once, on a machine loaded to
 #: twice its cores: one timed batch 7 ms off. Three (about 30 s) take the median; the prefill too
@@ -409,6 +416,56 @@ class TestVLLM:
             if nb == CH1:
                 _check_chapter1_fcfs(tmp_path / nb.stem, text)
         _check_gateway_runs(runs)
+
+    def test_chapter5_live(self, eng, fitted, tmp_path):
+        """Chapter 5's protocol, scaled to :data:`CH5_SCALE`, FIFO and SJF through a gateway with
+        the estimator (papermill, ``backend="http"``)."""
+        out = tmp_path / CH5.name
+        with _timed("vllm chapter 5 (papermill, through the gateway)"):
+            _papermill(CH5, out, ["-p", "backend", "http", "-r", "endpoint", eng.base_url,
+                                  "-r", "engine_kind", self.kind, "-r", "fit_file", str(fitted[1]),
+                                  "-y", "seeds: [0]", "-p", "live_scale", str(CH5_SCALE),
+                                  "-y", 'live_policies: ["FIFO", "SJF"]', "-y", "live_seeds: [0]",
+                                  "-r", "runs_dir", str(tmp_path / "ch05")], timeout=900)
+        text = _outputs(out)
+        assert "through the gateway (measured now)" in text, text[-2000:]
+        _check_chapter5_runs([load_run(p) for p in sorted((tmp_path / "ch05").glob("*/*/seed*"))])
+
+
+def _check_chapter5_runs(runs):
+    """Every answer of each run served in full and fed back to the gateway's estimator, whose
+    factors equal ``fairlib.drift.DriftEstimator`` fed the same answers in the order they came
+    back (the client's end times; neighbours closer than the clock may swap: 0.02 slack); SJF
+    serves short_qa before FIFO does."""
+    from fairlib.chapters import driftsched as ds
+    from fairlib.drift import TIERS, DriftEstimator
+    from fairlib.sim.engine import Engine
+    assert sorted(r.extra["driftsched"]["policy"] for r in runs) == ["fcfs", "sjf"]
+    short = {}
+    for r in runs:
+        d = r.extra["driftsched"]
+        st = json.loads((Path(r.path) / "gateway.json").read_text())
+        assert st["in_flight"] == 0 and st["waiting"] == 0 and st["pending"] == 0, st
+        rec = r.records.sort_values("request_id").reset_index(drop=True)
+        ok = rec.error_class == "none"
+        assert ok.all(), rec.error_message.dropna().tolist()
+        assert (rec.completion_tokens == rec.max_tokens).all()
+        req, _ = ds.live_requests(d["seed"], Engine(**r.extra["sim_engine"]), d["scale"])
+        assert len(req) == len(rec) and (rec.max_tokens.to_numpy() == req["output_tokens"].to_numpy()).all()
+        est = st["estimator"]
+        assert est["observed"] == len(rec), est
+        e = DriftEstimator()
+        for i in np.argsort(rec["end_s"].to_numpy(), kind="stable"):
+            c = req["category"].iat[i]
+            e.observe(c, TIERS[req["tier"].iat[i]], float(req["output_tokens"].iat[i]))
+        for c, b in e.bias.items():
+            assert abs(est["bias"][c] - b) <= 0.02, (c, est["bias"], e.bias)
+        e2e = (rec.end_s - rec.actual_send_s).to_numpy()
+        short[d["policy"]] = float(np.median(e2e[(req["category"] == "short_qa").to_numpy()]))
+        if not r.summary["valid"]:
+            warnings.warn(f"chapter 5 run {d['policy']} invalid: {r.summary['valid_reason']}")
+    print({k: round(v, 2) for k, v in short.items()})
+    assert short["sjf"] < short["fcfs"], short
 
 
 #: Chapter 1's fresh FCFS run (seed000, one 20-s window, vLLM as it schedules): |measured -

@@ -56,7 +56,7 @@ from fairlib.sim.gate import replay
 
 __all__ = ["EXPERIMENT", "POLICY_KEYS", "RECORD_SEEDS", "RECORD_DURATION_S", "SHARE_PTS", "used_rows", "policies_for", "experiment_spec",
            "LiveGateway", "run_policy", "measure", "save_runs", "load_saved", "saved_root", "simulate", "gate_at",
-           "window_ms", "fit_path_of", "share_rows", "share_table", "validity_table", "chapter_runs", "share_chart", "quota_cost_table", "noise", "counter_table", "slot_cap_table", "record"]
+           "window_ms", "fit_path_of", "share_rows", "share_table", "validity_table", "keep_gateway_files", "store_run_files", "wait_idle", "chapter_runs", "share_chart", "quota_cost_table", "noise", "counter_table", "slot_cap_table", "record"]
 
 EXPERIMENT = "seed000"
 #: the policies of chapters 1-4, in the order the chapters show them
@@ -113,7 +113,8 @@ class LiveGateway:
         self.proc.stop()
 
 
-def _wait_idle(gw: GatewayProcess, timeout_s: float) -> dict:
+def wait_idle(gw: GatewayProcess, timeout_s: float) -> dict:
+    """Wait until nothing waits, runs or is pending in the gateway; its state."""
     deadline = time.monotonic() + timeout_s
     while True:
         st = gw.state()
@@ -155,7 +156,13 @@ def run_policy(gw: GatewayProcess, spec_info, seed: int, key: str, policy: str, 
     c = replace(cfg, base_url=gw.base_url, tenant_header=FAIRNESS_HEADERS[0], timeout_s=spec.duration_s)
     run = run_scenario(spec, seed, "http", run_dir=run_dir, endpoint_config=c, tokenizer=tokenizer,
                         server_policy=policy, config_extra=more, scrape_metrics=False)
-    _wait_idle(gw, 2 * spec.duration_s + 30)
+    wait_idle(gw, 2 * spec.duration_s + 30)
+    keep_gateway_files(gw, run_dir)
+    return load_run(run_dir)
+
+
+def keep_gateway_files(gw: GatewayProcess, run_dir) -> None:
+    """The gateway's event log (floats to 0.1 us) and state, beside a run's records."""
     head, events = gw.events()
     rd = Path(run_dir)
     with open(rd / "gateway_events.jsonl", "w") as f:
@@ -163,7 +170,6 @@ def run_policy(gw: GatewayProcess, spec_info, seed: int, key: str, policy: str, 
         for e in events:
             f.write(json.dumps(_round(e)) + "\n")
     (rd / "gateway.json").write_text(json.dumps(gw.state(), indent=1) + "\n")
-    return load_run(rd)
 
 
 def measure(endpoint: str, kind: str, fit_path, seeds: Sequence[int], duration_s: float, runs_dir, *,
@@ -200,19 +206,26 @@ def save_runs(runs: Sequence[Run], kind: str, root: Optional[Path] = None) -> li
     for r in runs:
         key = r.extra["gateway"]["key"]
         dst = saved_root(kind, root) / key / f"seed{r.seed}"
-        dst.mkdir(parents=True, exist_ok=True)
-        for f in fd.SAVED_FILES:
-            src = Path(r.path) / f
-            if src.exists() and f == "records.jsonl":       # compacted, then compressed
-                fd.compact_records(src, dst / f)
-                write_gzip(dst / f, dst / (f + ".gz"))
-                (dst / f).unlink()
-            elif src.exists():
-                shutil.copyfile(src, dst / f)
-        write_gzip(Path(r.path) / "gateway_events.jsonl", dst / "gateway_events.jsonl.gz")
-        shutil.copyfile(Path(r.path) / "gateway.json", dst / "gateway.json")
+        store_run_files(r, dst)
         out.append(dst)
     return out
+
+
+def store_run_files(r: Run, dst) -> None:
+    """A gateway run's small files in ``dst``: config, env, summary, the records (chunk times
+    rounded to a microsecond) and the gateway's event log gzip-compressed, its state."""
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in fd.SAVED_FILES:
+        src = Path(r.path) / f
+        if src.exists() and f == "records.jsonl":
+            fd.compact_records(src, dst / f)
+            write_gzip(dst / f, dst / (f + ".gz"))
+            (dst / f).unlink()
+        elif src.exists():
+            shutil.copyfile(src, dst / f)
+    write_gzip(Path(r.path) / "gateway_events.jsonl", dst / "gateway_events.jsonl.gz")
+    shutil.copyfile(Path(r.path) / "gateway.json", dst / "gateway.json")
 
 
 def load_saved(kind: str, keys: Sequence[str] = POLICY_KEYS, seeds: Optional[Sequence[int]] = None,

@@ -63,8 +63,9 @@ def compare(fid: str, computed, labels=None) -> pd.DataFrame:
     """Published next to computed, with the difference, the tolerance and whether it holds.
 
     Columns: ``published``, ``computed``, ``difference`` (computed - published), ``basis``
-    (``"published"``, or ``"inferred"`` when the file marks the value as read from the source
-    rather than stated in it), ``tolerance`` (a number, or :data:`SHOWN` when the figure has none)
+    (``"published"``, ``"inferred"`` when the file marks the value as read from the source
+    rather than stated in it, or ``"published, unverified"`` when the source states it but the
+    book could not check it against the source's own data or code), ``tolerance`` (a number, or :data:`SHOWN` when the figure has none)
     and ``within`` (bool; ``None`` where nothing is asserted). :func:`asserted` keeps the rows
     that carry a tolerance."""
     f = figure(fid)
@@ -73,7 +74,8 @@ def compare(fid: str, computed, labels=None) -> pd.DataFrame:
     if p.shape != c.shape:
         raise ValueError(f"{fid}: computed has shape {c.shape}, published {p.shape}")
     out = pd.DataFrame({"published": p, "computed": c, "difference": c - p}, index=labels)
-    out["basis"] = "inferred" if f.get("inferred", False) else "published"
+    out["basis"] = ("inferred" if f.get("inferred", False) else
+                    "published, unverified" if f.get("unverified", False) else "published")
     if f.get("tolerance") is not None:
         tol = f["tolerance"]
         out["tolerance"] = np.broadcast_to(tol["abs"] if "abs" in tol else tol["rel"] * np.abs(p),

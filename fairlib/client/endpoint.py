@@ -238,7 +238,8 @@ def build_request(req, cfg: EndpointConfig) -> tuple:
     if cfg.send_priority:
         body["priority"] = int(req.priority)
     body.update(cfg.extra_body)
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **cfg.headers}
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **cfg.headers,
+               **dict(getattr(req, "headers", ()) or ())}
     if cfg.tenant_header:
         headers[cfg.tenant_header] = req.tenant_name
     auth = cfg.auth_headers

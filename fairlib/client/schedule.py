@@ -1,7 +1,8 @@
 """The precomputed request schedule an open-loop run sends.
 
 ``build_schedule(requests, seed)`` turns the simulator's workload table (columns ``arrival_ms``,
-``tenant``, ``prompt_tokens``, ``output_tokens``, ``priority``) into ``PlannedRequest``s: when to
+``tenant``, ``prompt_tokens``, ``output_tokens``, optional ``priority`` and ``headers``: a mapping
+of more headers for that request, e.g. chapter 5's ``x-fairlib-category``) into ``PlannedRequest``s: when to
 send (seconds after the run starts), to whom it belongs, the prompt, and ``max_tokens`` (the forced
 output length). Prompt content is deterministic per (seed, tenant, the tenant's request number)
 and starts with a prefix unique to the request, so prefix caching cannot hit. It is sized in a
@@ -44,11 +45,16 @@ class PlannedRequest:
     max_tokens: int             # = the workload's output_tokens (forced output length)
     priority: int = 0
     api: str = "completions"    # "completions" or "chat"
+    headers: tuple = ()         # more (name, value) headers for this request (a workload's "headers")
 
     def to_dict(self) -> dict:
         d = asdict(self)
         if isinstance(self.prompt, tuple):
             d["prompt"] = list(self.prompt)
+        if self.headers:            # absent when empty: schedules without them hash as before
+            d["headers"] = [list(h) for h in self.headers]
+        else:
+            d.pop("headers")
         return d
 
     @classmethod
@@ -56,6 +62,7 @@ class PlannedRequest:
         d = dict(d)
         if isinstance(d.get("prompt"), list):
             d["prompt"] = tuple(d["prompt"])
+        d["headers"] = tuple(tuple(h) for h in d.get("headers") or ())
         return cls(**d)
 
 
@@ -203,6 +210,18 @@ def _tenant_maps(values, tenant_names) -> tuple:
     return [pos[s] for s in labels], names
 
 
+def _headers(i: int, hd) -> tuple:
+    """A row's ``headers`` (a mapping of name to value, or None) as sorted ``(name, value)`` pairs."""
+    if hd is None or (isinstance(hd, float) and math.isnan(hd)):
+        return ()
+    if not isinstance(hd, Mapping):
+        raise ValueError(f"row {i}: headers must be a mapping of header name to value, got {hd!r}")
+    for k, v in hd.items():
+        if not isinstance(k, str) or not k or any(c in k for c in ":\r\n") or any(c in str(v) for c in "\r\n"):
+            raise ValueError(f"row {i}: header {k!r}: a name without ':' and a value without line breaks")
+    return tuple(sorted((str(k), str(v)) for k, v in hd.items()))
+
+
 def _positive_int(name, v) -> int:
     f = float(v)
     if not math.isfinite(f) or not f.is_integer() or f < 1:
@@ -227,10 +246,11 @@ def build_schedule(requests, seed: int, *, api: str = "completions", tokenizer=N
     tenant_idx, names = _tenant_maps(list(df["tenant"]), tenant_names)
     apis = list(df["api"]) if "api" in df.columns else [api] * len(df)
     prios = list(df["priority"]) if "priority" in df.columns else [0] * len(df)
+    hdrs = list(df["headers"]) if "headers" in df.columns else [None] * len(df)
     per_tenant: dict = {}
     out = []
-    for i, (arr, t, p, o, a, pr) in enumerate(zip(df["arrival_ms"], tenant_idx, df["prompt_tokens"],
-                                                  df["output_tokens"], apis, prios)):
+    for i, (arr, t, p, o, a, pr, hd) in enumerate(zip(df["arrival_ms"], tenant_idx, df["prompt_tokens"],
+                                                      df["output_tokens"], apis, prios, hdrs)):
         arr = float(arr)
         if not math.isfinite(arr) or arr < 0:
             raise ValueError(f"row {i}: arrival_ms must be finite and >= 0, got {arr!r}")
@@ -243,8 +263,9 @@ def build_schedule(requests, seed: int, *, api: str = "completions", tokenizer=N
         per_tenant[t] = k + 1
         prompt, n_prompt = make_prompt(seed, t, k, _positive_int("prompt_tokens", p), tokenizer, as_ids)
         prio = 0 if pr is None or (isinstance(pr, float) and math.isnan(pr)) else int(pr)
+        extra = _headers(i, hd)
         out.append(PlannedRequest(i, t, names[t], arr / 1000.0, prompt, n_prompt,
-                                  _positive_int("output_tokens", o), prio, a))
+                                  _positive_int("output_tokens", o), prio, a, extra))
     tok_name = None if tokenizer is None else str(getattr(tokenizer, "name_or_path", type(tokenizer).__name__))
     meta = {"seed": int(seed), "api": api, "tokenizer": tok_name or "whitespace",
             "token_id_prompts": token_id_prompts, "tenant_names": names, "n_requests": len(out)}

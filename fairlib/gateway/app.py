@@ -125,6 +125,30 @@ def parse_body(body, api: str, headers) -> dict:
             "priority": prio, "stream": stream, "include_usage": bool(stream and so and so.get("include_usage"))}
 
 
+def _prompt_text(body: dict):
+    """What the estimator's keyword classifier reads: a completion's prompt (text, or token ids),
+    or a chat's message contents joined (text parts of multi-part contents included)."""
+    if "messages" not in body:
+        return body.get("prompt")
+    parts = []
+    for m in body.get("messages") or ():
+        c = m.get("content") if isinstance(m, dict) else None
+        if isinstance(c, str):
+            parts.append(c)
+        elif isinstance(c, list):
+            parts += [x.get("text", "") for x in c if isinstance(x, dict) and isinstance(x.get("text"), str)]
+    return "\n".join(parts)
+
+
+def _answer_text(obj) -> str:
+    """The text of a JSON completion or chat answer (its first choice)."""
+    try:
+        ch = obj["choices"][0]
+        return str(ch.get("text") if "text" in ch else (ch.get("message") or {}).get("content") or "")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return ""
+
+
 class _Relay:
     """One upstream stream read chunk by chunk: tokens to the gateway, bytes to the client.
 
@@ -319,8 +343,14 @@ def make_app(gw: Gateway) -> web.Application:
         tc = gw.tenant_config(tenant)
         prio = req["priority"] if req["priority"] is not None else (tc.priority if tc else 0)
         klass = tc.klass if tc else 0
+        cat = tier = None
+        if gw.estimator is not None:
+            try:
+                cat, tier = gw.estimator.describe(request.headers, _prompt_text(body), tc.tier if tc else None)
+            except ValueError as e:
+                return error_response(400, str(e), "BadRequestError", getattr(e, "param", None))
         try:
-            p = gw.submit(tenant, req["prompt_tokens"], req["est"], klass, prio, req["max_tokens"])
+            p = gw.submit(tenant, req["prompt_tokens"], req["est"], klass, prio, req["max_tokens"], cat, tier)
         except Rejected as e:
             return _reject(e)
         except ValueError as e:      # e.g. a priority outside the levels the policy keeps
@@ -385,6 +415,7 @@ def make_app(gw: Gateway) -> web.Application:
                                                f", not an event stream", "BadGatewayError")
                 n = ((obj.get("usage") or {}).get("completion_tokens") if isinstance(obj, dict) else None) or 1
                 gw.tokens(p, gw.now_ms(), int(n), True)
+                gw.answered(p, _answer_text(obj), int(n))
                 return web.Response(body=raw, status=200, content_type="application/json")
             loop = asyncio.get_running_loop()
             reading = loop.create_task(resp.stream(rl.on_data))
@@ -415,6 +446,8 @@ def make_app(gw: Gateway) -> web.Application:
                     broken = None if (rl.done or rl.finish_reason) else "the stream ended without [DONE]"
                 except (Disconnected, TimeoutError, OSError) as e:
                     broken = f"{type(e).__name__}: {e}"
+                if broken is None and rl.finish_reason is not None:
+                    gw.answered(p, "".join(rl.text), (rl.usage or {}).get("completion_tokens"))
                 if sresp is None:
                     if broken and not rl.text:
                         return error_response(502, f"upstream {up.url} broke the stream: {broken}",

@@ -10,6 +10,7 @@ Tenants (``--tenants FILE``, TOML)::
     priority = 0                      # for the priority policy: lower is served first (default 0)
     api_key = "sk-classify"           # optional: 'Authorization: Bearer <key>' names this tenant
     max_queue = 1000                  # optional: requests waiting at most (more: 429)
+    tier = "premium"                  # optional: premium / standard / batch, for --estimator
 
 Without a file the gateway is open: each fairness id gets the next tenant index as it first
 appears, up to ``max_tenants``; ids beyond share the last one, ``other`` (a caller-controlled
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit
 
+from fairlib.drift import TIERS
 from fairlib.sim.policies import POLICIES, make_policy
 
 __all__ = ["Tenant", "TenantTable", "GatewayConfig", "load_tenants", "with_tenant_weights", "FAIRNESS_HEADERS", "OVERFLOW_TENANT",
@@ -35,7 +37,7 @@ __all__ = ["Tenant", "TenantTable", "GatewayConfig", "load_tenants", "with_tenan
 FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id", "x-tenant")
 OVERFLOW_TENANT = "other"
 DEFAULT_TENANT = "default"
-_TENANT_KEYS = {"name", "weight", "klass", "priority", "api_key", "max_queue"}
+_TENANT_KEYS = {"name", "weight", "klass", "priority", "api_key", "max_queue", "tier"}
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,11 @@ class Tenant:
     priority: int = 0
     api_key: Optional[str] = field(default=None, repr=False)
     max_queue: Optional[int] = None
+    tier: Optional[str] = None
 
     def to_dict(self) -> dict:
         return {"name": self.name, "weight": self.weight, "klass": self.klass, "priority": self.priority,
-                "api_key": "<set>" if self.api_key else None, "max_queue": self.max_queue}
+                "api_key": "<set>" if self.api_key else None, "max_queue": self.max_queue, "tier": self.tier}
 
 
 def _tenant(d: dict, where: str) -> Tenant:
@@ -74,7 +77,10 @@ def _tenant(d: dict, where: str) -> Tenant:
     mq = d.get("max_queue")
     if mq is not None and (isinstance(mq, bool) or not isinstance(mq, int) or mq < 0):
         raise ValueError(f"{where}: 'max_queue' must be an integer >= 0, got {mq!r}")
-    return Tenant(name.strip(), float(w), int(d.get("klass", 0)), int(d.get("priority", 0)), key, mq)
+    tier = d.get("tier")
+    if tier is not None and tier not in TIERS:
+        raise ValueError(f"{where}: 'tier' must be one of {', '.join(TIERS)}, got {tier!r}")
+    return Tenant(name.strip(), float(w), int(d.get("klass", 0)), int(d.get("priority", 0)), key, mq, tier)
 
 
 @dataclass(frozen=True)
@@ -162,6 +168,9 @@ class GatewayConfig:
     residency charge's prefill part; 0: prefill time is split over the step like decode time).
     ``queue_timeout_s``: a request waiting longer gets 503 with Retry-After. ``step_tol_ms``:
     the clustering tolerance of the step reconstruction (``"auto"``, fairlib/gateway/steps.py).
+    ``estimator``: ``"tokens"`` or ``"words"`` (chapter 5: fairlib/gateway/estimate.py) gives every
+    request an estimated budget from DriftSched's estimator, corrected by the answers, for ``sjf``;
+    ``estimator_key`` as ``fairlib.drift.DriftEstimator``'s ``key``.
     ``health_interval_s``: how often each upstream's ``/health`` is asked; ``health_failures``
     misses in a row take it out, one answer puts it back. ``record_events``: keep the policy's
     event log (``/admin/events``; the replay test and the chapters read it).
@@ -186,6 +195,8 @@ class GatewayConfig:
     request_timeout_s: float = 600.0
     record_events: bool = True
     n_classes: int = 4
+    estimator: Optional[str] = None
+    estimator_key: str = "category"
 
     def __post_init__(self):
         ups = self.upstreams
@@ -229,6 +240,10 @@ class GatewayConfig:
         if st != "auto" and (isinstance(st, bool) or not isinstance(st, (int, float)) or not st > 0):
             raise ValueError(f"--step-tol-ms must be 'auto' or a number of ms > 0, got {st!r}")
         make_policy(self.policy, **self.effective_policy_params()).state(self.n_tenants)   # the parameters, now
+        if self.estimator is not None and self.estimator not in ("tokens", "words"):
+            raise ValueError(f"--estimator must be tokens or words (or absent), got {self.estimator!r}")
+        if self.estimator_key not in ("category", "tier"):
+            raise ValueError(f"--estimator-key must be category or tier, got {self.estimator_key!r}")
 
     def effective_policy_params(self) -> dict:
         """The policy's parameters, the tenants' weights filled in (:func:`with_tenant_weights`)."""
@@ -252,4 +267,5 @@ class GatewayConfig:
                 "health_interval_s": self.health_interval_s, "health_failures": self.health_failures,
                 "upstream_api_key": "<set>" if self.upstream_api_key else None,
                 "api_key": "<set>" if self.api_key else None, "request_timeout_s": self.request_timeout_s,
-                "record_events": self.record_events, "n_classes": self.n_classes}
+                "record_events": self.record_events, "n_classes": self.n_classes, "estimator": self.estimator,
+                "estimator_key": self.estimator_key}

@@ -32,6 +32,7 @@ from fairlib.gateway.config import (
     GatewayConfig,
     with_tenant_weights,
 )
+from fairlib.gateway.estimate import GatewayEstimator
 from fairlib.gateway.steps import StepTracker
 from fairlib.serve.prometheus import TTFT_BUCKETS, Counter, Gauge, Histogram, Registry
 from fairlib.sim.gate import PolicyGate
@@ -90,6 +91,9 @@ class Pending:
     first_ms: float = float("nan")
     max_tokens: Optional[int] = None
     counted: int = 0              # output tokens seen so far
+    category: Optional[str] = None   # with an estimator: the request's category, tier, estimate
+    tier: Optional[str] = None
+    estimate: Optional[int] = None
 
 
 class Gateway:
@@ -110,6 +114,7 @@ class Gateway:
         self.late_finishes = 0
         self.policy_name, self.policy_params = cfg.policy, cfg.effective_policy_params()
         self.gate = self._new_gate(cfg.policy, self.policy_params)
+        self.estimator = self._new_estimator()
         self._warm_up()
         self._metrics()
 
@@ -118,6 +123,10 @@ class Gateway:
         return PolicyGate(policy, n_tenants=self.cfg.n_tenants, slots=self.cfg.slots,
                           prefill_ms_per_token=self.cfg.prefill_ms_per_token, n_classes=self.cfg.n_classes,
                           record=self.cfg.record_events, **params)
+
+    def _new_estimator(self) -> Optional[GatewayEstimator]:
+        c = self.cfg
+        return None if c.estimator is None else GatewayEstimator(c.estimator, c.estimator_key)
 
     def _warm_up(self) -> None:
         """Run every compiled entry once on a throwaway gate, so that loading (or compiling) the
@@ -216,8 +225,11 @@ class Gateway:
 
     # --- a request's life -------------------------------------------------------------------
     def submit(self, tenant: int, prompt_tokens: int, est_output_tokens: Optional[int], klass: int, priority: int,
-               max_tokens: Optional[int] = None) -> Pending:
-        """Accept a request into its waiting line (``Rejected`` if it is turned away)."""
+               max_tokens: Optional[int] = None, category: Optional[str] = None,
+               tier: Optional[str] = None) -> Pending:
+        """Accept a request into its waiting line (``Rejected`` if it is turned away). With an
+        estimator, ``category`` and ``tier`` give the estimate, and the budget it makes replaces
+        ``est_output_tokens``."""
         name = self.tenant_name(tenant)
         if not any(u.healthy for u in self.upstreams):
             self.m_rejected.inc(1, (name, "no_upstream"))
@@ -228,6 +240,9 @@ class Gateway:
         if cap is not None and self.gate.waiting_of()[tenant] >= cap:
             self.m_rejected.inc(1, (name, "queue_full"))
             raise Rejected(429, "queue_full", f"tenant {name!r} has {cap} requests waiting (its queue cap)", 1.0)
+        t_est = None
+        if self.estimator is not None:
+            t_est, est_output_tokens = self.estimator.budget(category, tier, int(prompt_tokens))
         t = self.now_ms()
         rid, ok = self.gate.arrive(tenant, max(1, int(prompt_tokens)), t, est_output_tokens, klass, priority)
         if not ok:
@@ -235,7 +250,8 @@ class Gateway:
             ra = self.gate.retry_after_s(tenant, t)
             raise Rejected(429, "policy", f"the policy {self.policy_name!r} turned the request away "
                                           f"(tenant {name!r})", ra)
-        p = Pending(rid, tenant, t, asyncio.get_running_loop().create_future(), max_tokens=max_tokens)
+        p = Pending(rid, tenant, t, asyncio.get_running_loop().create_future(), max_tokens=max_tokens,
+                    category=category, tier=tier, estimate=t_est)
         self.pending[rid] = p
         self.pump()
         return p
@@ -315,6 +331,13 @@ class Gateway:
             p.counted += extra
             self.m_output.inc(extra, (self.tenant_name(p.tenant),))
 
+    def answered(self, p: Pending, text: str, usage_tokens: Optional[int] = None) -> None:
+        """``p``'s answer came back in full: the estimator learns from it (its tokens: the
+        upstream's ``usage`` when it gave one, else those the stream showed)."""
+        n = usage_tokens if isinstance(usage_tokens, int) and usage_tokens >= 0 else p.counted
+        if self.estimator is not None and p.category is not None and n > 0:
+            self.estimator.finished(p.category, p.tier, n, text)
+
     def release(self, p: Pending) -> None:
         """The request's exchange with its upstream ended (normally, failed, or its client left)."""
         up = p.upstream
@@ -378,12 +401,13 @@ class Gateway:
         return not self.pending and self.gate.in_flight == 0 and self.gate.waiting == 0
 
     def switch_policy(self, policy: str, params: Optional[dict] = None) -> None:
-        """A new policy with fresh counters and an empty event log (only while idle)."""
+        """A new policy with fresh counters, a fresh estimator and an empty event log (only while idle)."""
         if not self.idle():
             raise RuntimeError(f"the gateway is not idle ({self.gate.in_flight} in flight, {self.gate.waiting} "
                                f"waiting): switch policies between runs")
         p = with_tenant_weights(policy, params, self.cfg.tenants)
         self.gate = self._new_gate(policy, p)
+        self.estimator = self._new_estimator()
         self.policy_name, self.policy_params = policy, p
         for up in self.upstreams:
             up.tracker = self._tracker(up)
@@ -400,6 +424,7 @@ class Gateway:
                 "t0_wall": self.t0_wall,
                 "in_flight": self.gate.in_flight, "waiting": self.gate.waiting, "pending": len(self.pending),
                 "finishing": self.finishing,
+                "estimator": None if self.estimator is None else self.estimator.state(),
                 "late_finishes": self.late_finishes,
                 "upstreams": [{"url": u.url, "healthy": u.healthy, "in_flight": len(u.in_flight),
                                "max_inflight": u.max_inflight, "dispatched": u.dispatched, "failures": u.failures,

@@ -117,6 +117,12 @@ def add_arguments(p) -> None:
     p.add_argument("--port", type=port_number, default=8080,
                    help="0..65535; 0 picks a free port (printed on the ready line); default 8080")
     p.add_argument("--no-events", action="store_true", help="keep no event log (/admin/events is then empty)")
+    p.add_argument("--estimator", choices=["tokens", "words"],
+                   help="estimate each answer's length (DriftSched's estimator, corrected by the answers; "
+                        "counting tokens or whitespace words) and give sjf the budget; category from the "
+                        "x-fairlib-category header, tier from the tenants file or x-fairlib-tier")
+    p.add_argument("--estimator-key", choices=["category", "tier"], default="category",
+                   help="what the estimator's bias factor follows (default category)")
 
 
 def config_from_args(a) -> GatewayConfig:
@@ -136,7 +142,7 @@ def config_from_args(a) -> GatewayConfig:
                          host=a.host, port=a.port, prefill_ms_per_token=pm, max_queue=a.max_queue,
                          queue_timeout_s=a.queue_timeout_s, step_tol_ms=st, health_interval_s=a.health_interval_s,
                          upstream_api_key=a.upstream_api_key or None, api_key=a.api_key or None,
-                         record_events=not a.no_events)
+                         record_events=not a.no_events, estimator=a.estimator, estimator_key=a.estimator_key)
 
 
 def gateway_from_args(a) -> int:

@@ -12,7 +12,14 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["Engine", "SEED000_ENGINE"]
+__all__ = ["Engine", "SEED000_ENGINE", "BATCHING"]
+
+#: ``continuous``: a request joins the running batch at any iteration (vLLM, the book's default);
+#: ``static``: the batch-synchronous worker of DriftSched's code (book/engine-model.md): while a
+#: batch runs nothing joins it; a free worker takes up to ``max_batch`` waiting requests, waiting
+#: at most ``fill_wait_ms`` from when it holds its first for more to arrive, and runs them until the
+#: last one finishes.
+BATCHING = ("continuous", "static")
 
 
 def _positive_int(name: str, value) -> int:
@@ -31,6 +38,8 @@ class Engine:
     max_batch: int = 24
     max_prefill_tokens: Optional[int] = None
     kv_capacity_tokens: Optional[int] = None
+    batching: str = "continuous"
+    fill_wait_ms: float = 10.0
 
     def __post_init__(self):
         for name in ("iter_base_ms", "iter_slope_ms", "prefill_ms_per_token"):
@@ -45,6 +54,13 @@ class Engine:
             v = getattr(self, name)
             if v is not None:
                 object.__setattr__(self, name, _positive_int(name, v))
+        if self.batching not in BATCHING:
+            raise ValueError(f"Engine.batching must be one of {', '.join(BATCHING)}, got {self.batching!r}")
+        w = self.fill_wait_ms
+        if isinstance(w, bool) or not isinstance(w, (int, float, np.floating, np.integer)) or not math.isfinite(w) \
+                or w < 0:
+            raise ValueError(f"Engine.fill_wait_ms must be a finite number >= 0, got {w!r}")
+        object.__setattr__(self, "fill_wait_ms", float(w))
 
     # --- the cost model -------------------------------------------------------------------
     def iteration_ms(self, batch, prefill_tokens=0):
@@ -70,7 +86,13 @@ class Engine:
         return self.per_seq_ms(batch) / self.prefill_ms_per_token
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields; ``batching`` and ``fill_wait_ms`` only for a static-batch engine (a
+        continuous-batching engine writes the six fields it always had)."""
+        d = asdict(self)
+        if self.batching == "continuous":
+            d.pop("batching")
+            d.pop("fill_wait_ms")
+        return d
 
     def kernel_params(self) -> np.ndarray:
         """The float64 parameter vector the compiled kernel reads (inf = no limit)."""
@@ -79,6 +101,7 @@ class Engine:
             self.iter_base_ms, self.iter_slope_ms, self.prefill_ms_per_token, float(self.max_batch),
             inf if self.max_prefill_tokens is None else float(self.max_prefill_tokens),
             inf if self.kv_capacity_tokens is None else float(self.kv_capacity_tokens),
+            1.0 if self.batching == "static" else 0.0, self.fill_wait_ms,
         ], dtype=np.float64)
 
 

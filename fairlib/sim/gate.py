@@ -90,7 +90,7 @@ class PolicyGate:
         self.pf, self.pi = self.policy.state(self.n_tenants)
         # E as the engine loop reads it: no iteration cost (measured), the fitted prefill price,
         # E[3] set to the open slots at each admission, no prefill or KV limit (the engine's own)
-        self.E = np.array([0.0, 0.0, self.prefill_ms_per_token, float(self.slots), np.inf, np.inf])
+        self.E = np.array([0.0, 0.0, self.prefill_ms_per_token, float(self.slots), np.inf, np.inf, 0.0, 0.0])
         self._saved = np.zeros(self.n_tenants, np.int64)
         self.record = bool(record)
         self.log: list = []

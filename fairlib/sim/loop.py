@@ -5,7 +5,7 @@ iteration at a time, appending arrivals as they come: the same compiled code. Th
 policy: it calls the hooks in fairlib/sim/policies/dispatch.py with the policy's id.
 
 E = [iter_base_ms, iter_slope_ms, prefill_ms_per_token, max_batch, max_prefill_tokens,
-kv_capacity_tokens] (inf = no limit). The state arrays are described in fairlib/sim/state.py.
+kv_capacity_tokens, static (1: static batches, 0: continuous), fill_wait_ms] (inf = no limit). The state arrays are described in fairlib/sim/state.py.
 """
 import numpy as np
 
@@ -19,6 +19,7 @@ from fairlib.sim.state import (
     DECODE_TOKENS,
     ENTERED,
     FINISH,
+    FILL_START,
     FINISHED,
     FIRST,
     GENERATED,
@@ -191,15 +192,37 @@ def _retire(RF, RI, TI, BT, heap, heap_n, si, B, t):
 
 
 @jit.inline
-def step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi):
+def step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi, horizon):
     """One iteration at the clock sf[T_NOW]. Returns RAN, IDLE_JUMP or ENDED (nothing runs and
-    no arrival is left; an online caller appends arrivals and calls again)."""
+    no arrival is left; an online caller appends arrivals and calls again). A free static-batch
+    worker waiting to fill jumps to its deadline, the next known arrival or ``horizon``, whichever
+    is first: an online caller that runs to each arrival before it appends it (``run`` to that
+    horizon) sees the same batches as a table run."""
     t = sf[T_NOW]
     _deliver(RF, RI, TI, BT, heap, heap_n, si, E, pid, pf, pi, t)
     need = 0
     if E[5] < np.inf:
         need = _preempt(RI, TI, BT, si, E)
-    P = _admit(RF, RI, TF, TI, BT, heap, heap_n, si, E, pid, pf, pi, t, need)
+    if E[6] > 0.0:                                 # static batches: only a free worker takes more
+        P = 0
+        if si[N_RUNNING] == 0:
+            waiting = 0
+            for line in range(heap_n.shape[0]):
+                waiting += heap_n[line]
+            if waiting > 0:
+                if sf[FILL_START] < 0.0:
+                    sf[FILL_START] = t
+                deadline = sf[FILL_START] + E[7]
+                if waiting < E[3] and t < deadline:    # wait for more, up to the deadline
+                    nxt = si[NEXT_ARRIVAL]
+                    if nxt < si[N_REQ] and RF[ARRIVAL, nxt] < deadline:
+                        deadline = RF[ARRIVAL, nxt]
+                    sf[T_NOW] = min(deadline, horizon)
+                    return IDLE_JUMP
+                P = _admit(RF, RI, TF, TI, BT, heap, heap_n, si, E, pid, pf, pi, t, need)
+                sf[FILL_START] = -1.0
+    else:
+        P = _admit(RF, RI, TF, TI, BT, heap, heap_n, si, E, pid, pf, pi, t, need)
     B = si[N_RUNNING]
     if B == 0:                                     # step 4: idle
         nxt = si[NEXT_ARRIVAL]
@@ -217,7 +240,7 @@ def step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi):
 def step_once(S, E, pid, pf, pi):
     """One iteration (online use): the same `step` the batch run uses."""
     RF, RI, TF, TI, BT, heap, heap_n, sf, si = S
-    return step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi)
+    return step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi, np.inf)
 
 
 @jit.entry
@@ -225,5 +248,5 @@ def run(S, E, pid, pf, pi, horizon_ms):
     """Iterate while the clock is below the horizon (the last iteration may end past it)."""
     RF, RI, TF, TI, BT, heap, heap_n, sf, si = S
     while sf[T_NOW] < horizon_ms:
-        if step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi) == ENDED:
+        if step(RF, RI, TF, TI, BT, heap, heap_n, sf, si, E, pid, pf, pi, horizon_ms) == ENDED:
             break

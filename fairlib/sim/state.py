@@ -25,8 +25,8 @@ T_MACHINE, T_PREFILL, T_DECODE = range(3)
 T_TOKENS, T_ADMITTED, T_FINISHED, T_REJECTED, T_RUNNING = range(5)
 # BT rows (int64 per batch slot)
 RUN_IDS, LAST_IDS, HELD_IDS = range(3)
-# sf (float scalars)
-T_NOW, BUSY_MS = range(2)
+# sf (float scalars); FILL_START: when a free static-batch worker took its first waiting request (-1: none)
+T_NOW, BUSY_MS, FILL_START = range(3)
 # si (int scalars)
 N_REQ, NEXT_ARRIVAL, N_RUNNING, ITERATIONS, DECODE_TOKENS, N_HELD, LAST_B = range(7)
 
@@ -42,7 +42,7 @@ class State(NamedTuple):
     heap: np.ndarray     # i8[n_lines + sum of line capacities]: heap[l] is the offset of line l's segment,
     #                      which holds a binary heap of its waiting requests (fairlib/sim/lines.py)
     heap_n: np.ndarray   # i8[n_lines]: requests waiting in each line
-    sf: np.ndarray       # f8[2]: now, busy
+    sf: np.ndarray       # f8[3]: now, busy, fill start (static batches)
     si: np.ndarray       # i8[7]: see the indices above
 
 
@@ -56,7 +56,7 @@ def allocate(capacity: int, n_tenants: int, n_lines: int, max_batch: int, line_s
     heap = np.zeros(n_lines + int(sizes.sum()), np.int64)
     heap[:n_lines] = n_lines + np.concatenate([[0], np.cumsum(sizes)[:-1]]) if n_lines else []
     return State(RF, np.zeros((11, cap), np.int64), np.zeros((3, n_tenants)), np.zeros((5, n_tenants), np.int64),
-                 np.zeros((3, max_batch), np.int64), heap, np.zeros(n_lines, np.int64), np.zeros(2),
+                 np.zeros((3, max_batch), np.int64), heap, np.zeros(n_lines, np.int64), np.array([0.0, 0.0, -1.0]),
                  np.zeros(7, np.int64))
 
 
