@@ -171,6 +171,7 @@ class _Relay:
         self.waker = None
         self.done = False           # [DONE] seen
         self.error = None           # an error event inside the stream
+        self.fed = False            # the estimator has learnt from this answer
         self.text: list = []
         self.first = None           # the first chunk (id, model, created)
         self.finish_reason = None
@@ -204,6 +205,13 @@ class _Relay:
                 self.wake()
         return False
 
+    def feed_estimator(self) -> None:
+        """The answer is whole (its finish_reason came): the gateway's estimator learns from it,
+        once, with the upstream's usage count when it gave one."""
+        if not self.fed and self.finish_reason is not None and self.error is None:
+            self.fed = True
+            self.gw.answered(self.p, "".join(self.text), (self.usage or {}).get("completion_tokens"))
+
     def _keep(self, ev) -> None:
         if self.client_stream and not self.raw:
             self._kept.append(b"data: " + ev.data.encode() + b"\n\n")
@@ -216,6 +224,7 @@ class _Relay:
             return
         if payload is DONE:
             self.done = True
+            self.feed_estimator()   # before the client can read [DONE] and go
             self._keep(ev)
             return
         try:
@@ -446,8 +455,7 @@ def make_app(gw: Gateway) -> web.Application:
                     broken = None if (rl.done or rl.finish_reason) else "the stream ended without [DONE]"
                 except (Disconnected, TimeoutError, OSError) as e:
                     broken = f"{type(e).__name__}: {e}"
-                if broken is None and rl.finish_reason is not None:
-                    gw.answered(p, "".join(rl.text), (rl.usage or {}).get("completion_tokens"))
+                rl.feed_estimator()     # a stream without [DONE]: once it ended, if its finish_reason came
                 if sresp is None:
                     if broken and not rl.text:
                         return error_response(502, f"upstream {up.url} broke the stream: {broken}",

@@ -85,6 +85,10 @@ class Engine:
             raise ValueError("Engine.prefill_ms_per_token is 0: the exchange rate is infinite")
         return self.per_seq_ms(batch) / self.prefill_ms_per_token
 
+    def __repr__(self) -> str:
+        """The fields ``to_dict`` gives: a continuous-batching engine shows the six it always had."""
+        return "Engine(" + ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items()) + ")"
+
     def to_dict(self) -> dict:
         """The fields; ``batching`` and ``fill_wait_ms`` only for a static-batch engine (a
         continuous-batching engine writes the six fields it always had)."""
