@@ -354,6 +354,139 @@ class _VTCPredict(_Counter):
                 self.prediction[u] = (self.prediction[u] * (self.window - 1) + actual) / self.window
 
 
+class _TokenPool(_Policy):
+    """token_pool (fairlib/pools.py's rules, written again from its docstring): per-tenant FIFO
+    lines; admission by reserved work over the horizon (within the entitlement, else the pool's
+    headroom less the active tenants' unused entitlements), dispatch by class weight + SLO
+    urgency + clipped debt among the heads the guaranteed tenants' unused slots and KV allow,
+    every charge counted as service, debt accrual while in demand (waiting, or refused within H)
+    and decay with the half-life otherwise."""
+
+    K = {"guaranteed": 10.0, "elastic": 3.0, "spot": 0.0}
+
+    def __init__(self, sim, classes, shares, decode_price_ms, replica_slots, slo_ms=None, prefill_price_ms=0.0,
+                 pool_horizon_ms=5000.0, half_life_ms=10000.0, replicas=1, kv_tokens=None, debt_weight=1.0,
+                 guaranteed_headroom=None):
+        super().__init__(sim)
+        n = sim.n_tenants
+        if sim.est is None:
+            raise ValueError("token_pool needs an `est_output_tokens` column")
+        self.cls, self.e = list(classes), [float(x) for x in shares]
+        self.slo = [math.inf] * n if slo_ms is None else [math.inf if x is None else float(x) for x in slo_ms]
+        self.beta = float(debt_weight)
+        self.headroom = math.inf if guaranteed_headroom is None else float(guaranteed_headroom)
+        self.u, self.p, self.H, self.h = float(decode_price_ms), float(prefill_price_ms), float(pool_horizon_ms), \
+            float(half_life_ms)
+        self.R, self.slots = float(replicas), float(replica_slots)
+        self.kv = math.inf if kv_tokens is None else float(kv_tokens)
+        self.Q, self.d, self.S = [0.0] * n, [0.0] * n, [0.0] * n
+        self.open = [0] * n        # reservations not yet ended
+        self.last = [-math.inf] * n
+        self.refused = [-math.inf] * n
+        self.rest = {}
+        self.t_last = 0.0
+        self.lines = [[] for _ in range(n)]
+
+    def push(self, i):
+        heapq.heappush(self.lines[self.sim.tenant[i]], i)
+
+    def _advance(self, t):
+        dt = t - self.t_last
+        if dt > 0:
+            for u in range(self.sim.n_tenants):
+                if self.cls[u] != "spot":
+                    if self.lines[u] or self.t_last - self.refused[u] <= self.H:
+                        self.d[u] += self.e[u] * self.R * dt - self.S[u]
+                    else:
+                        self.d[u] *= 0.5 ** (dt / self.h)
+                self.S[u] = 0.0
+            self.t_last = t
+
+    def arrive(self, i, t):
+        self._advance(t)
+        u = self.sim.tenant[i]
+        c = self.p * self.sim.prompt[i] + self.u * self.sim.est[i]
+        rh = self.R * self.H
+        if c > rh or self.sim.prompt[i] + self.sim.est[i] > self.kv * self.R:
+            return False                     # larger than the whole pool
+        ok = self.cls[u] != "spot" and self.Q[u] + c <= self.e[u] * rh
+        if not ok:
+            w = sum(self.Q)
+            a = 0.0
+            for j in range(self.sim.n_tenants):
+                active = self.open[j] > 0 or self.sim.running_per_tenant().get(j, 0) > 0 or \
+                    t - self.last[j] <= self.H
+                if j != u and self.cls[j] != "spot" and active:
+                    a += max(0.0, self.e[j] * rh - self.Q[j])
+            ok = w + c <= rh - a
+            if not ok:
+                self.refused[u] = t
+        if ok:
+            self.rest[i] = c
+            self.Q[u] += c
+            self.open[u] += 1
+            self.last[u] = t
+            self.push(i)
+        return ok
+
+    def select(self, t):
+        self._advance(t)
+        run = self.sim.running_ids()
+        n_slots, kv_tot = self.slots * self.R, self.kv * self.R
+        per = self.sim.running_per_tenant()
+        kv_of = lambda seqs: sum(self.sim.prompt[j] + self.sim.est[j] for j in seqs)  # noqa: E731
+        best, best_key = None, None
+        for u in range(self.sim.n_tenants):
+            if not self.lines[u]:
+                continue
+            r = self.lines[u][0]
+            mine = math.ceil(self.e[u] * n_slots - 1e-9)
+            ok = self.cls[u] == "guaranteed" and per.get(u, 0) < mine
+            if not ok:
+                g_slots = g_kv = 0.0
+                for g in range(self.sim.n_tenants):
+                    if g != u and self.cls[g] == "guaranteed":
+                        g_slots += max(0, math.ceil(self.e[g] * n_slots - 1e-9) - per.get(g, 0))
+                        g_kv += max(0.0, self.e[g] * kv_tot - kv_of([j for j in run if self.sim.tenant[j] == g]))
+                need = self.sim.prompt[r] + self.sim.est[r]
+                g_slots = min(g_slots, self.headroom)
+                g_slots = min(g_slots, n_slots - 1.0)     # an otherwise idle pool always runs it
+                g_kv = min(g_kv, kv_tot - need)
+                ok = len(run) + 1 + g_slots <= n_slots and kv_of(run) + need + g_kv <= kv_tot
+            if not ok:
+                continue
+            w = self.K[self.cls[u]] + min(1.0, max(0.0, (t - self.sim.arrival[r]) / self.slo[u]))
+            if self.cls[u] != "spot" and self.e[u] > 0:
+                w += self.beta * min(1.0, max(-1.0, self.d[u] / (self.e[u] * self.h)))
+            key = (-w, r)
+            if best_key is None or key < best_key:
+                best, best_key = r, key
+        return best
+
+    def _settle(self, i, x):
+        u = self.sim.tenant[i]
+        y = max(0.0, min(x, self.rest[i]))
+        self.rest[i] -= y
+        self.S[u] += x
+
+    def admit(self, i, prefill_tokens):
+        u = self.sim.tenant[i]
+        assert self.lines[u][0] == i
+        heapq.heappop(self.lines[u])
+        if self.sim.preemptions[i] == 0:          # its first admission: the reservation leaves the queue
+            self.open[u] -= 1
+            self.Q[u] = max(0.0, self.Q[u] - self.rest[i]) if self.open[u] > 0 else 0.0
+        self._settle(i, self.sim.prefill_ms_per_token * prefill_tokens)
+
+    def end_iteration(self, ran, per_seq, finished):
+        done = set(finished)
+        for i in ran:
+            if per_seq > 0:
+                self._settle(i, per_seq)
+            if i in done:
+                self.rest[i] = 0.0
+
+
 def _make_policy(sim, policy, params):
     def take(*names):
         unknown = set(params) - set(names)
@@ -393,6 +526,10 @@ def _make_policy(sim, policy, params):
         return _RoundRobin(sim)
     if policy == "vtc_predict":
         return _VTCPredict(sim, **take("wp", "wq", "weights", "window", "init"))
+    if policy == "token_pool":
+        return _TokenPool(sim, **take("classes", "shares", "decode_price_ms", "replica_slots", "slo_ms",
+                                      "prefill_price_ms", "pool_horizon_ms", "half_life_ms", "replicas", "kv_tokens",
+                                      "debt_weight", "guaranteed_headroom"))
     raise ValueError(f"unknown policy {policy!r}")
 
 
@@ -470,6 +607,9 @@ def reference_simulate(requests, *, n_tenants, iter_base_ms, iter_slope_ms, pref
         return counts
 
     sim.running_per_tenant = running_per_tenant
+    sim.running_ids = lambda: list(running)
+    sim.preemptions = preemptions
+    sim.prompt = prompt
 
     def need(seqs):
         return sum(prompt[j] + generated[j] + 1 for j in seqs)
@@ -502,7 +642,9 @@ def reference_simulate(requests, *, n_tenants, iter_base_ms, iter_slope_ms, pref
         if kv_capacity_tokens is not None:
             while running and need(running) > kv_capacity_tokens:
                 victim = max(running, key=lambda j: (entry_iter[j], j))
-                running.remove(victim)
+                k = running.index(victim)       # the batch's last entry takes its place (the order
+                running[k] = running[-1]        # a policy sees the batch in: token_pool settles in it)
+                running.pop()
                 preemptions[victim] += 1
                 held.append(victim)
 

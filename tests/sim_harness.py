@@ -200,6 +200,30 @@ def _none(rng, n_tenants, n_classes):
     return {}
 
 
+def _token_pool_params(rng, n_tenants, n_classes):
+    classes = [str(c) for c in rng.choice(["guaranteed", "elastic", "spot"], n_tenants)]
+    raw = rng.uniform(0.05, 1.0, n_tenants) * np.array([c != "spot" for c in classes])
+    scale = float(rng.choice([0.3, 0.7, 1.0]))
+    shares = [float(x / raw.sum() * scale) if raw.sum() > 0 else 0.0 for x in raw]
+    p = {"classes": classes, "shares": shares, "decode_price_ms": float(rng.choice([0.5, 2.0, 10.0])),
+         "replica_slots": int(rng.integers(1, 7))}
+    if rng.random() < 0.7:
+        p["slo_ms"] = [float(x) for x in rng.choice([20.0, 200.0, 5000.0], n_tenants)]
+    if rng.random() < 0.7:
+        p["pool_horizon_ms"] = float(rng.choice([20.0, 100.0, 1000.0, 1e5]))
+    if rng.random() < 0.5:
+        p["half_life_ms"] = float(rng.choice([10.0, 500.0, 1e4]))
+    if rng.random() < 0.4:
+        p["kv_tokens"] = int(rng.integers(20, 200))
+    if rng.random() < 0.5:
+        p["prefill_price_ms"] = float(rng.choice([0.0, 0.05, 0.5]))
+    if rng.random() < 0.2:
+        p["replicas"] = int(rng.choice([0, 2]))
+    if rng.random() < 0.3:
+        p["guaranteed_headroom"] = int(rng.integers(0, 3))
+    return p
+
+
 #: policy -> f(rng, n_tenants, n_classes) -> random simulate() keyword parameters
 RANDOM_PARAMS = {
     "fcfs": _none,
@@ -214,6 +238,7 @@ RANDOM_PARAMS = {
     "aging": lambda rng, n_t, n_c: {"rate": float(rng.choice([0.0, 0.01, 5.0]))},
     "rr": _none,
     "vtc_predict": _vtc_predict_params,
+    "token_pool": _token_pool_params,
 }
 
 
@@ -303,6 +328,31 @@ def _st_none(n_tenants, n_classes):
     return st.just({})
 
 
+@st.composite
+def _st_token_pool(draw, n_tenants, n_classes):
+    classes = draw(st.lists(st.sampled_from(["guaranteed", "elastic", "spot"]), min_size=n_tenants,
+                            max_size=n_tenants), label="classes")
+    raw = draw(st.lists(st.floats(0.05, 1.0), min_size=n_tenants, max_size=n_tenants), label="raw shares")
+    raw = [x if c != "spot" else 0.0 for x, c in zip(raw, classes)]
+    scale = draw(st.sampled_from([0.3, 1.0]), label="shares sum")
+    total = sum(raw)
+    p = {"classes": classes, "shares": [x / total * scale if total > 0 else 0.0 for x in raw],
+         "decode_price_ms": draw(st.sampled_from([0.5, 2.0, 10.0]), label="u"),
+         "replica_slots": draw(st.integers(1, 6), label="slots")}
+    optional = {
+        "slo_ms": st.lists(st.sampled_from([5.0, 50.0, 1000.0]), min_size=n_tenants, max_size=n_tenants),
+        "pool_horizon_ms": st.sampled_from([10.0, 100.0, 1000.0, 1e5]),
+        "half_life_ms": st.sampled_from([10.0, 500.0, 1e4]),
+        "kv_tokens": st.integers(10, 150),
+        "prefill_price_ms": st.sampled_from([0.0, 0.05, 0.5]),
+        "replicas": st.sampled_from([0, 1, 2]),
+        "debt_weight": st.sampled_from([0.0, 1.0]),
+        "guaranteed_headroom": st.integers(0, 3),
+    }
+    p.update(draw(st.fixed_dictionaries({}, optional=optional), label="optional"))
+    return p
+
+
 #: policy -> f(n_tenants, n_classes) -> hypothesis strategy of simulate() keyword parameters
 HYPOTHESIS_PARAMS = {
     "fcfs": _st_none,
@@ -320,6 +370,7 @@ HYPOTHESIS_PARAMS = {
     "vtc_predict": lambda n_t, n_c: st.fixed_dictionaries({}, optional={
         "wp": _st_rate(), "wq": _st_rate(), "weights": _st_weights(n_t), "window": st.integers(1, 8),
         "init": st.one_of(st.sampled_from([0.0, 1.0, 4.0]), st.floats(0.0, 20.0))}),
+    "token_pool": _st_token_pool,
 }
 
 

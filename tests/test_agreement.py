@@ -91,6 +91,9 @@ SEED000_PARAMS = {
     "fcfs": {}, "rpm_quota": {"limit": 400}, "vtc": {}, "lcf": {"wp": 1.0, "wq": 2.0},
     "residency": {}, "slot_cap": {"cap": 8}, "priority": {}, "weighted": {"w": [5, 3, 2, 1]},
     "sjf": {}, "aging": {"rate": 5.0}, "rr": {}, "vtc_predict": {},
+    "token_pool": {"classes": ["guaranteed", "elastic", "elastic", "spot"], "shares": [0.25, 0.3, 0.3, 0.0],
+                   "slo_ms": [500.0, 5000.0, 30000.0, 60000.0], "decode_price_ms": 0.925,
+                   "prefill_price_ms": 0.06, "replica_slots": 24, "pool_horizon_ms": 5000.0, "half_life_ms": 10000.0},
 }
 
 

@@ -14,6 +14,7 @@
     itself charged each tenant.
 After every test no slot is held and nothing waits (the ``idle`` check).
 """
+import collections
 import json
 import socket
 import subprocess
@@ -392,12 +393,16 @@ class _RefSim:
         self.prefill_ms_per_token = spec["prefill_ms_per_token"]
         self.tenant, self.arrival, self.klass, self.priority, self.est, self.prompt = [], [], [], [], [], []
         self.running = set()
+        self.preemptions = collections.defaultdict(int)     # a gateway never preempts
 
     def running_per_tenant(self):
         out = {}
         for r in self.running:
             out[self.tenant[r]] = out.get(self.tenant[r], 0) + 1
         return out
+
+    def running_ids(self):
+        return sorted(self.running)
 
 
 def replay_reference(spec, events):
@@ -441,6 +446,9 @@ def replay_reference(spec, events):
                 tokens[r] += k
                 if f:
                     sim.running.discard(r)
+        elif kind == "replicas":                  # the pool's capacity changed: debts to t, then R
+            pol._advance(ev[1])
+            pol.R = float(ev[2])
         else:
             raise AssertionError(f"event {i}: {kind} (the replay test sends no cancellations)")
     return pol, machine
@@ -562,3 +570,92 @@ def test_priority_and_sjf_decide_the_order_over_http(upstream, tmp_path):
         assert order == [0, 2, 3, 1]             # the estimate as a header
     finally:
         gw.stop()
+
+
+# --- the token pool over HTTP ---------------------------------------------------------------------------
+POOL_TENANTS = ('[[tenant]]\nname = "gold"\npool_class = "guaranteed"\nshare = 0.25\nttft_slo_ms = 200\n'
+                '[[tenant]]\nname = "team"\npool_class = "elastic"\nshare = 0.5\nttft_slo_ms = 2000\n'
+                '[[tenant]]\nname = "flood"\npool_class = "spot"\n')
+
+
+def test_token_pool_refuses_spot_with_retry_after_never_guaranteed_and_replays(upstream, tmp_path):
+    """One upstream of 4 slots, u = 1 ms per token, H = 200 ms: gold's cap 50 ms, team's 100.
+    A spot flood of 40-token reservations fills the 200 ms: the rest get 429 with Retry-After;
+    gold's requests within its 50 ms are all served; the log replays through a fresh gate and
+    the plain-Python reference to the same decisions and debts."""
+    f = tmp_path / "tenants.toml"
+    f.write_text(POOL_TENANTS)
+    gw = gateway([upstream], tenants=str(f), policy="token_pool", prefill_ms_per_token=0.0,
+                 policy_params={"decode_price_ms": 1.0, "pool_horizon_ms": 200.0})
+    try:
+        spec = gw.state()["gate"]
+        assert spec["params"]["classes"] == ["guaranteed", "elastic", "spot"]
+        assert spec["params"]["replica_slots"] == 4 and spec["params"]["replicas"] == 1
+        flood = _concurrently(lambda i: post(gw.base_url, "/completions", completion(40), {FID: "flood"}), 12)
+        codes = [g[0] for g in flood]
+        assert 200 in codes and 429 in codes
+        for g in flood:
+            if g[0] == 429:
+                assert g[1]["x-fairlib-rejected-reason"] == "policy" and int(g[1]["Retry-After"]) >= 1
+        gold = _concurrently(lambda i: post(gw.base_url, "/completions", completion(25), {FID: "gold"}), 2)
+        assert [g[0] for g in gold] == [200, 200]       # 2 x 25 = its 50 ms: never refused
+        st = assert_idle(gw)
+        assert st["tenants"]["gold"]["rejected"] == 0 and st["tenants"]["flood"]["rejected"] == codes.count(429)
+        assert st["tenants"]["flood"]["reserved_ms"] == 0.0
+        bad = post(gw.base_url, "/completions", {"model": "sim-model", "prompt": [1, 2], "stream": True},
+                   {FID: "team"})
+        assert bad[0] == 400 and json.loads(bad[2])["error"]["param"] == "max_tokens"
+        head, events = gw.events()
+        again = replay(head["spec"], events)
+        np.testing.assert_array_equal(again.counters(), gw.gateway.gate.counters())
+        ref, ref_machine = replay_reference(head["spec"], events)
+        np.testing.assert_allclose(ref.d, gw.gateway.gate.counters(), rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(ref.Q, [0.0, 0.0, 0.0], atol=1e-9)
+    finally:
+        gw.stop()
+
+
+def test_draining_an_upstream_tells_the_pool_and_routes_around_it(tmp_path):
+    f = tmp_path / "tenants.toml"
+    f.write_text(POOL_TENANTS)
+    a = ServerThread(ServeConfig(engine=ENGINE, model="sim-model", port=0, n_tenants=8)).start()
+    b = ServerThread(ServeConfig(engine=ENGINE, model="sim-model", port=0, n_tenants=8)).start()
+    gw = gateway([a, b], tenants=str(f), policy="token_pool", max_inflight=2,
+                 policy_params={"decode_price_ms": 1.0, "pool_horizon_ms": 10000.0})
+    try:
+        assert gw.state()["tenants"]["team"]["cap_ms"] == pytest.approx(0.5 * 2 * 10000.0)
+        st = gw.drain(1)
+        assert [u["drained"] for u in st["upstreams"]] == [False, True]
+        assert st["tenants"]["team"]["cap_ms"] == pytest.approx(0.5 * 1 * 10000.0)
+        got = _concurrently(lambda i: post(gw.base_url, "/completions", completion(5), {FID: "team"}), 4)
+        assert all(g[0] == 200 for g in got)
+        assert [u["dispatched"] for u in assert_idle(gw)["upstreams"]] == [4, 0]
+        gw.drain(1, False)
+        assert gw.state()["tenants"]["team"]["cap_ms"] == pytest.approx(0.5 * 2 * 10000.0)
+        root = gw.base_url[:-len("/v1")]
+        assert post(root, "/admin/upstreams", {"upstream": 5, "drained": True})[0] == 400
+        assert post(root, "/admin/upstreams", {"upstream": 0})[0] == 400
+        _, events = gw.events()
+        assert [e[2] for e in events if e[0] == "replicas"] == [1, 2]
+    finally:
+        gw.stop()
+        a.stop()
+        b.stop()
+
+
+def test_token_pool_needs_its_tenants(tmp_path):
+    with pytest.raises(ValueError, match="tenants file"):
+        GatewayConfig(upstreams=("http://127.0.0.1:1/v1",), policy="token_pool",
+                      policy_params={"decode_price_ms": 1.0})
+    f = tmp_path / "t.toml"
+    f.write_text('[[tenant]]\nname = "a"\npool_class = "elastic"\nshare = 0.5\n[[tenant]]\nname = "b"\n')
+    with pytest.raises(ValueError, match="pool_class"):
+        GatewayConfig(upstreams=("http://127.0.0.1:1/v1",), policy="token_pool", tenants=str(f),
+                      policy_params={"decode_price_ms": 1.0})
+    f.write_text('[[tenant]]\nname = "a"\npool_class = "gold"\n')
+    with pytest.raises(ValueError, match="pool_class"):
+        GatewayConfig(upstreams=("http://127.0.0.1:1/v1",), policy="token_pool", tenants=str(f))
+    f.write_text('[[tenant]]\nname = "a"\npool_class = "elastic"\nshare = 0.5\n')
+    cfg = GatewayConfig(upstreams=("http://127.0.0.1:1/v1",), policy="token_pool", tenants=str(f),
+                        max_inflight=8, cost_model={"iter_base_ms": 8.0, "iter_slope_ms": 1.0})
+    assert cfg.effective_policy_params()["decode_price_ms"] == pytest.approx((8.0 + 8.0) / 8)

@@ -4,7 +4,8 @@ Levels, lowest first (a module may import its own level or a lower one):
 
 0. ``fairlib.paths``, ``fairlib.sim`` (the engine model and its policies), the package root
 1. ``fairlib.workload``, ``fairlib.traces``, ``fairlib.scenarios``: what is sent; ``fairlib.drift``:
-   the output-length estimate (chapter 5)
+   the output-length estimate (chapter 5); ``fairlib.pools``: capacity and the pool's parameters
+   (chapter 6)
 2. ``fairlib.records``: the seam both backends write and the analysis reads
 3. ``fairlib.client``: the HTTP backend; ``fairlib.servers``: how fairlib's servers run
 4. ``fairlib.serve`` (test doubles), ``fairlib.gateway`` (the policies in front of an engine),
@@ -25,6 +26,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "fairlib"
 LEVELS = {"fairlib.paths": 0, "fairlib.sim": 0, "fairlib": 0,
           "fairlib.workload": 1, "fairlib.traces": 1, "fairlib.scenarios": 1, "fairlib.drift": 1,
+          "fairlib.pools": 1,
           "fairlib.records": 2, "fairlib.client": 3, "fairlib.servers": 3,
           "fairlib.serve": 4, "fairlib.gateway": 4, "fairlib.backend": 4, "fairlib.sweep": 4, "fairlib.analysis": 4,
           "fairlib.calibrate": 5, "fairlib.chapters": 6, "fairlib.cli": 7, "fairlib.__main__": 7}

@@ -14,7 +14,10 @@ from sim_harness import random_params
 
 PARAMS = {"fcfs": {}, "rpm_quota": {"limit": 30}, "vtc": {}, "lcf": {"wp": 1.0, "wq": 2.0}, "residency": {},
           "slot_cap": {"cap": 3}, "priority": {}, "weighted": {"w": [3, 1, 1, 1]}, "sjf": {}, "aging": {"rate": 0.5},
-          "rr": {}, "vtc_predict": {"window": 3, "init": 4.0}}
+          "rr": {}, "vtc_predict": {"window": 3, "init": 4.0},
+          "token_pool": {"classes": ["guaranteed", "elastic", "elastic", "spot"], "shares": [0.25, 0.3, 0.3, 0.0],
+                         "slo_ms": [500.0, 5000.0, 30000.0, 60000.0], "decode_price_ms": 1.2,
+                         "prefill_price_ms": 0.06, "replica_slots": 8, "pool_horizon_ms": 3000.0}}
 
 
 def replay(df, engine, policy, params, n_tenants):

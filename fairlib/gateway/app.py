@@ -3,17 +3,20 @@ policy decides (fairlib/gateway/core.py).
 
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streamed or not), ``GET
 /v1/models`` (passed through from the first healthy upstream), ``GET /health`` (200 while an
-upstream is healthy, else 503), ``GET /metrics`` (Prometheus text, a ``tenant`` label), and on
+upstream takes requests: healthy and not drained, else 503), ``GET /metrics`` (Prometheus text, a ``tenant`` label), and on
 loopback only: ``GET /admin/state`` (JSON), ``GET /admin/events`` (the policy's event log, JSON
 lines; the first line is the gate's spec), ``POST /admin/policy`` (``{"policy": NAME, "params":
 {...}}``: a new policy with fresh counters, only while idle, else 409), ``POST /admin/reset``
-(fresh counters and log, same policy, while idle).
+(fresh counters and log, same policy, while idle), ``POST /admin/upstreams`` (``{"upstream": I,
+"drained": true}``: upstream I takes no new request, those in it run to their end; ``false`` puts
+it back; a pool policy learns the replicas that take requests).
 
 A request: its tenant from ``x-llm-d-inference-fairness-id`` (or the older
 ``x-gateway-inference-fairness-id``) or a tenant's API key (``Authorization: Bearer``); prompt
 tokens counted at admission (a token-id prompt exactly, text as whitespace words: an estimate
 until the upstream's ``usage`` says); ``est_output_tokens`` (body field or ``x-fairlib-est-output-
-tokens`` header; default ``max_tokens``) for sjf / vtc_predict; ``priority`` (body, vLLM's field)
+tokens`` header; default ``max_tokens``) for sjf / vtc_predict / token_pool (its reservation: a
+request without any is 400 there); ``priority`` (body, vLLM's field)
 or the tenant's, ``klass`` from the tenant. Upstream, every request is streamed with
 ``stream_options.include_usage`` so that the gateway sees each token: a client that asked for no
 stream gets one JSON answer assembled from it, a client that did not ask for usage gets no usage
@@ -54,7 +57,7 @@ __all__ = ["make_app", "GATEWAY", "MAX_BODY_BYTES"]
 GATEWAY = web.AppKey("gateway", Gateway)
 MAX_BODY_BYTES = 64 * 2 ** 20
 ROUTES = ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "GET /health", "GET /metrics",
-          "GET /admin/state", "GET /admin/events", "POST /admin/policy", "POST /admin/reset")
+          "GET /admin/state", "GET /admin/events", "POST /admin/policy", "POST /admin/reset", "POST /admin/upstreams")
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _DONE = b"data: [DONE]\n\n"
 
@@ -363,7 +366,7 @@ def make_app(gw: Gateway) -> web.Application:
         except Rejected as e:
             return _reject(e)
         except ValueError as e:      # e.g. a priority outside the levels the policy keeps
-            return error_response(400, str(e), "BadRequestError", "priority")
+            return error_response(400, str(e), "BadRequestError", getattr(e, "param", "priority"))
         # wait for a slot
         try:
             if cfg.queue_timeout_s is None:
@@ -499,9 +502,9 @@ def make_app(gw: Gateway) -> web.Application:
         return error_response(503, "no healthy upstream answered /v1/models", error_type(503))
 
     async def health(request):
-        if any(u.healthy for u in gw.upstreams):
+        if any(u.available for u in gw.upstreams):
             return web.Response(status=200)
-        return error_response(503, "no upstream is healthy", error_type(503))
+        return error_response(503, "no upstream takes requests (unhealthy or drained)", error_type(503))
 
     async def metrics(request):
         return web.Response(text=gw.render_metrics(), content_type="text/plain", charset="utf-8")
@@ -520,11 +523,17 @@ def make_app(gw: Gateway) -> web.Application:
         lines = [_dumps({"spec": gw.gate.spec, "tenants": gw.names})] + [_dumps(e) for e in gw.gate.log]
         return web.Response(text="\n".join(lines) + "\n", content_type="application/x-ndjson")
 
-    async def admin_policy(request):
+    async def json_body(request):
+        """The request's JSON body, or None (and the 400 to answer) when it is not JSON."""
         try:
-            body = await request.json()
+            return await request.json(), None
         except ValueError as e:
-            return error_response(400, f"the body is not JSON: {e}", "BadRequestError")
+            return None, error_response(400, f"the body is not JSON: {e}", "BadRequestError")
+
+    async def admin_policy(request):
+        body, bad = await json_body(request)
+        if bad is not None:
+            return bad
         if not isinstance(body, dict) or not isinstance(body.get("policy"), str):
             return error_response(400, "send {\"policy\": NAME, \"params\": {...}}", "BadRequestError", "policy")
         params = body.get("params") or {}
@@ -536,6 +545,19 @@ def make_app(gw: Gateway) -> web.Application:
             return error_response(409, str(e), "ConflictError")
         except (ValueError, TypeError) as e:
             return error_response(400, str(e), "BadRequestError", "policy")
+        return web.json_response(gw.state())
+
+    async def admin_upstreams(request):
+        body, bad = await json_body(request)
+        if bad is not None:
+            return bad
+        if not isinstance(body, dict) or not isinstance(body.get("drained"), bool):
+            return error_response(400, "send {\"upstream\": INDEX, \"drained\": true | false}", "BadRequestError",
+                                  "drained")
+        try:
+            gw.drain(body.get("upstream"), body["drained"])
+        except ValueError as e:
+            return error_response(400, str(e), "BadRequestError", "upstream")
         return web.json_response(gw.state())
 
     async def admin_reset(request):
@@ -554,4 +576,5 @@ def make_app(gw: Gateway) -> web.Application:
     app.router.add_get("/admin/events", admin(admin_events))
     app.router.add_post("/admin/policy", admin(admin_policy))
     app.router.add_post("/admin/reset", admin(admin_reset))
+    app.router.add_post("/admin/upstreams", admin(admin_upstreams))
     return app

@@ -11,6 +11,9 @@ Tenants (``--tenants FILE``, TOML)::
     api_key = "sk-classify"           # optional: 'Authorization: Bearer <key>' names this tenant
     max_queue = 1000                  # optional: requests waiting at most (more: 429)
     tier = "premium"                  # optional: premium / standard / batch, for --estimator
+    pool_class = "guaranteed"         # token_pool: guaranteed / elastic / spot
+    share = 0.3                       # token_pool: its entitlement, a fraction of the pool (spot: 0)
+    ttft_slo_ms = 1000                # token_pool: its TTFT SLO (the priority's urgency), default none
 
 Without a file the gateway is open: each fairness id gets the next tenant index as it first
 appears, up to ``max_tenants``; ids beyond share the last one, ``other`` (a caller-controlled
@@ -37,7 +40,9 @@ __all__ = ["Tenant", "TenantTable", "GatewayConfig", "load_tenants", "with_tenan
 FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id", "x-tenant")
 OVERFLOW_TENANT = "other"
 DEFAULT_TENANT = "default"
-_TENANT_KEYS = {"name", "weight", "klass", "priority", "api_key", "max_queue", "tier"}
+_TENANT_KEYS = {"name", "weight", "klass", "priority", "api_key", "max_queue", "tier", "pool_class", "share",
+                "ttft_slo_ms"}
+POOL_CLASSES = ("guaranteed", "elastic", "spot")
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,14 @@ class Tenant:
     api_key: Optional[str] = field(default=None, repr=False)
     max_queue: Optional[int] = None
     tier: Optional[str] = None
+    pool_class: Optional[str] = None
+    share: Optional[float] = None
+    ttft_slo_ms: Optional[float] = None
 
     def to_dict(self) -> dict:
         return {"name": self.name, "weight": self.weight, "klass": self.klass, "priority": self.priority,
-                "api_key": "<set>" if self.api_key else None, "max_queue": self.max_queue, "tier": self.tier}
+                "api_key": "<set>" if self.api_key else None, "max_queue": self.max_queue, "tier": self.tier,
+                "pool_class": self.pool_class, "share": self.share, "ttft_slo_ms": self.ttft_slo_ms}
 
 
 def _tenant(d: dict, where: str) -> Tenant:
@@ -80,7 +89,18 @@ def _tenant(d: dict, where: str) -> Tenant:
     tier = d.get("tier")
     if tier is not None and tier not in TIERS:
         raise ValueError(f"{where}: 'tier' must be one of {', '.join(TIERS)}, got {tier!r}")
-    return Tenant(name.strip(), float(w), int(d.get("klass", 0)), int(d.get("priority", 0)), key, mq, tier)
+    pc = d.get("pool_class")
+    if pc is not None and pc not in POOL_CLASSES:
+        raise ValueError(f"{where}: 'pool_class' must be one of {', '.join(POOL_CLASSES)}, got {pc!r}")
+    share = d.get("share")
+    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1):
+        raise ValueError(f"{where}: 'share' must be a number in 0..1, got {share!r}")
+    slo = d.get("ttft_slo_ms")
+    if slo is not None and (isinstance(slo, bool) or not isinstance(slo, (int, float)) or not math.isfinite(slo)
+                            or slo <= 0):
+        raise ValueError(f"{where}: 'ttft_slo_ms' must be a finite number > 0, got {slo!r}")
+    return Tenant(name.strip(), float(w), int(d.get("klass", 0)), int(d.get("priority", 0)), key, mq, tier,
+                  pc, None if share is None else float(share), None if slo is None else float(slo))
 
 
 @dataclass(frozen=True)
@@ -137,14 +157,37 @@ def load_tenants(spec) -> TenantTable:
     return TenantTable(tenants, default)
 
 
-def with_tenant_weights(policy: str, params: dict, tenants: TenantTable) -> dict:
+def with_tenant_weights(policy: str, params: dict, tenants: TenantTable, pool: Optional[dict] = None) -> dict:
     """``params`` with the tenants file's weights for a policy that takes ``weights`` (vtc, lcf,
-    residency, vtc_predict), unless given; ``ValueError`` for a policy that does not exist."""
+    residency, vtc_predict), unless given; for ``token_pool`` the tenants' ``pool_class``,
+    ``share`` and ``ttft_slo_ms`` and ``pool``'s defaults (replicas, replica_slots, the prices:
+    :meth:`GatewayConfig.pool_defaults`); ``ValueError`` for a policy that does not exist."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     p = dict(params or {})
     if "weights" in POLICIES[policy].params and "weights" not in p and not tenants.is_open:
         p["weights"] = [t.weight for t in tenants.tenants]
+    if policy == "token_pool":
+        if tenants.is_open and not {"classes", "shares"} <= set(p):
+            raise ValueError("--policy token_pool needs a --tenants file giving each tenant its pool_class and share")
+        if not tenants.is_open:
+            missing = [t.name for t in tenants.tenants if t.pool_class is None and t.name != tenants.default_tenant]
+            if missing and "classes" not in p:
+                raise ValueError(f"--policy token_pool: tenant(s) {missing} have no pool_class in the tenants file "
+                                 f"(guaranteed, elastic or spot)")
+            # a tenant with no class (the default tenant the file did not describe) is spot
+            p.setdefault("classes", [t.pool_class or "spot" for t in tenants.tenants])
+            p.setdefault("shares", [t.share if t.share is not None else 0.0 for t in tenants.tenants])
+            p.setdefault("slo_ms", [t.ttft_slo_ms for t in tenants.tenants])     # None: no objective
+        for k, v in (pool or {}).items():
+            if v is not None:
+                p.setdefault(k, v)
+        if pool is not None and "replica_slots" not in p:
+            raise ValueError("--policy token_pool: the upstreams' --max-inflight differ; give the slots of one "
+                             "replica with --policy-param replica_slots=N")
+        if pool is not None and "decode_price_ms" not in p:
+            raise ValueError("--policy token_pool needs the price of an output token: --cost-model FILE (a fit) or "
+                             "--policy-param decode_price_ms=MS")
     return p
 
 
@@ -171,6 +214,9 @@ class GatewayConfig:
     ``estimator``: ``"tokens"`` or ``"words"`` (chapter 5: fairlib/gateway/estimate.py) gives every
     request an estimated budget from DriftSched's estimator, corrected by the answers, for ``sjf``;
     ``estimator_key`` as ``fairlib.drift.DriftEstimator``'s ``key``.
+    ``cost_model``: the engines' fitted parameters (iter_base_ms, iter_slope_ms, max_batch, ...;
+    ``--cost-model``): ``token_pool`` prices an output token at ``(iter_base + iter_slope B) / B``
+    with B the upstream's slots, unless ``decode_price_ms`` is given.
     ``health_interval_s``: how often each upstream's ``/health`` is asked; ``health_failures``
     misses in a row take it out, one answer puts it back. ``record_events``: keep the policy's
     event log (``/admin/events``; the replay test and the chapters read it).
@@ -197,6 +243,7 @@ class GatewayConfig:
     n_classes: int = 4
     estimator: Optional[str] = None
     estimator_key: str = "category"
+    cost_model: Optional[dict] = None
 
     def __post_init__(self):
         ups = self.upstreams
@@ -247,7 +294,20 @@ class GatewayConfig:
 
     def effective_policy_params(self) -> dict:
         """The policy's parameters, the tenants' weights filled in (:func:`with_tenant_weights`)."""
-        return with_tenant_weights(self.policy, self.policy_params, self.tenants)
+        return with_tenant_weights(self.policy, self.policy_params, self.tenants, self.pool_defaults())
+
+    def pool_defaults(self) -> dict:
+        """``token_pool``'s parameters from the gateway: one replica per upstream, each with its
+        ``max_inflight`` slots (they must be equal), the prefill price, and the decode price from
+        the cost model at that batch."""
+        mi = set(self.max_inflight)
+        slots = self.max_inflight[0] if len(mi) == 1 else None
+        u = None
+        cm = self.cost_model or {}
+        if slots and cm.get("iter_base_ms") is not None and cm.get("iter_slope_ms") is not None:
+            u = (float(cm["iter_base_ms"]) + float(cm["iter_slope_ms"]) * slots) / slots
+        return {"replicas": len(self.upstreams), "replica_slots": slots,
+                "prefill_price_ms": self.prefill_ms_per_token, "decode_price_ms": u}
 
     @property
     def n_tenants(self) -> int:
@@ -268,4 +328,4 @@ class GatewayConfig:
                 "upstream_api_key": "<set>" if self.upstream_api_key else None,
                 "api_key": "<set>" if self.api_key else None, "request_timeout_s": self.request_timeout_s,
                 "record_events": self.record_events, "n_classes": self.n_classes, "estimator": self.estimator,
-                "estimator_key": self.estimator_key}
+                "estimator_key": self.estimator_key, "cost_model": self.cost_model}

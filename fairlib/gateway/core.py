@@ -69,6 +69,12 @@ class Upstream:
     misses: int = 0
     dispatched: int = 0
     failures: int = 0
+    drained: bool = False         # taken out by the operator (POST /admin/upstreams): no new requests
+
+    @property
+    def available(self) -> bool:
+        """It takes new requests: healthy and not drained."""
+        return self.healthy and not self.drained
 
     @property
     def root(self) -> str:
@@ -138,6 +144,7 @@ class Gateway:
         for rid in g.admit(0.0):
             g.observe([rid], [1], [True], 1.0, 1.0)
         g.withdraw(b, 2.0)
+        g.set_replicas(1, 3.0)
 
     def _tracker(self, up: Upstream) -> StepTracker:
         return StepTracker(lambda ids, toks, fin, dt, t: self._on_step(up, ids, toks, fin, dt, t),
@@ -214,12 +221,12 @@ class Gateway:
         """How many may be in flight now, as the policy counts them: the healthy upstreams' slots,
         plus what still runs on the others, plus the finished streams whose step has not closed
         (their slots are free upstream already; the policy sees them leave when the step closes)."""
-        return sum(u.max_inflight if u.healthy else len(u.in_flight) for u in self.upstreams) + self.finishing
+        return sum(u.max_inflight if u.available else len(u.in_flight) for u in self.upstreams) + self.finishing
 
     def _pick(self) -> Optional[Upstream]:
         best = None
         for u in self.upstreams:
-            if u.healthy and u.free > 0 and (best is None or u.free > best.free):
+            if u.available and u.free > 0 and (best is None or u.free > best.free):
                 best = u
         return best
 
@@ -231,10 +238,10 @@ class Gateway:
         estimator, ``category`` and ``tier`` give the estimate, and the budget it makes replaces
         ``est_output_tokens``."""
         name = self.tenant_name(tenant)
-        if not any(u.healthy for u in self.upstreams):
+        if not any(u.available for u in self.upstreams):
             self.m_rejected.inc(1, (name, "no_upstream"))
-            raise Rejected(503, "no_upstream", "no upstream is healthy: every upstream failed its health checks",
-                           self.cfg.health_interval_s)
+            raise Rejected(503, "no_upstream", "no upstream takes requests: every upstream failed its health checks "
+                                               "or is drained", self.cfg.health_interval_s)
         tc = self.tenant_config(tenant)
         cap = tc.max_queue if tc is not None and tc.max_queue is not None else self.cfg.max_queue
         if cap is not None and self.gate.waiting_of()[tenant] >= cap:
@@ -243,6 +250,11 @@ class Gateway:
         t_est = None
         if self.estimator is not None:
             t_est, est_output_tokens = self.estimator.budget(category, tier, int(prompt_tokens))
+        if est_output_tokens is None and self.policy_name == "token_pool":
+            e = ValueError("the token pool reserves prompt + estimated output at admission: send max_tokens (or "
+                           "est_output_tokens), or run the gateway with --estimator")
+            e.param = "max_tokens"
+            raise e
         t = self.now_ms()
         rid, ok = self.gate.arrive(tenant, max(1, int(prompt_tokens)), t, est_output_tokens, klass, priority)
         if not ok:
@@ -390,11 +402,28 @@ class Gateway:
             up.misses = 0
             if not up.healthy:
                 up.healthy = True
+                self._capacity_changed()
                 self.pump()
         else:
             up.misses += 1
-            if up.misses >= self.cfg.health_failures:
+            if up.misses >= self.cfg.health_failures and up.healthy:
                 up.healthy = False
+                self._capacity_changed()
+
+    def drain(self, index: int, drained: bool) -> None:
+        """Take upstream ``index`` out (it gets no new request; those in it run to their end) or put
+        it back: a replica removed from the pool and restored."""
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.upstreams):
+            raise ValueError(f"upstream must be an index in 0..{len(self.upstreams) - 1}, got {index!r}")
+        up = self.upstreams[index]
+        if up.drained != bool(drained):
+            up.drained = bool(drained)
+            self._capacity_changed()
+            self.pump()
+
+    def _capacity_changed(self) -> None:
+        """A pool policy learns how many replicas take requests now."""
+        self.gate.set_replicas(sum(u.available for u in self.upstreams), self.now_ms())
 
     # --- policy switching -------------------------------------------------------------------
     def idle(self) -> bool:
@@ -405,16 +434,22 @@ class Gateway:
         if not self.idle():
             raise RuntimeError(f"the gateway is not idle ({self.gate.in_flight} in flight, {self.gate.waiting} "
                                f"waiting): switch policies between runs")
-        p = with_tenant_weights(policy, params, self.cfg.tenants)
+        p = with_tenant_weights(policy, params, self.cfg.tenants, self.cfg.pool_defaults())
         self.gate = self._new_gate(policy, p)
         self.estimator = self._new_estimator()
         self.policy_name, self.policy_params = policy, p
         for up in self.upstreams:
             up.tracker = self._tracker(up)
+        if any(not u.available for u in self.upstreams):
+            self._capacity_changed()
 
     # --- state ------------------------------------------------------------------------------
     def state(self) -> dict:
         ts = self.gate.tenant_state()
+        fn = getattr(self.gate.policy, "pool_state", None)
+        if fn is not None:        # the pool's reservations and debts, brought to now
+            ps = fn(self.gate.pf, self.gate.n_tenants, self.now_ms(), ts["waiting"])
+            ts.update({"reserved_ms": ps["reserved_ms"], "debt_ms": ps["debt_ms"], "cap_ms": ps["cap_ms"]})
         n = len(self.names)
         tenants = {}
         for i in range(n):
@@ -426,7 +461,7 @@ class Gateway:
                 "finishing": self.finishing,
                 "estimator": None if self.estimator is None else self.estimator.state(),
                 "late_finishes": self.late_finishes,
-                "upstreams": [{"url": u.url, "healthy": u.healthy, "in_flight": len(u.in_flight),
+                "upstreams": [{"url": u.url, "healthy": u.healthy, "drained": u.drained, "in_flight": len(u.in_flight),
                                "max_inflight": u.max_inflight, "dispatched": u.dispatched, "failures": u.failures,
                                "steps": u.tracker.steps, "step_tol_ms": u.tracker.tol_ms} for u in self.upstreams],
                 "tenants": tenants, "gate": self.gate.spec}

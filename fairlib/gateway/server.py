@@ -51,6 +51,12 @@ class _Admin:
     def metrics(self) -> str:
         return self.get_text("/metrics")
 
+    def drain(self, upstream: int, drained: bool = True) -> dict:
+        """Take upstream ``upstream`` out (no new requests) or put it back (``/admin/upstreams``)."""
+        body = json.dumps({"upstream": upstream, "drained": drained}).encode()
+        with self.request("/admin/upstreams", body) as r:
+            return json.loads(r.read())
+
     def set_policy(self, policy: str, params: Optional[dict] = None) -> dict:
         """A new policy (fresh counters and log) between runs (``/admin/policy``)."""
         body = json.dumps({"policy": policy, "params": params or {}}).encode()
@@ -89,7 +95,7 @@ def add_arguments(p) -> None:
                         "goes to the healthy upstream with the most free slots")
     p.add_argument("--policy", default="fcfs", help="who enters the batch next: a policy of fairlib.POLICIES "
                                                     "(fcfs, rpm_quota, vtc, lcf, residency, slot_cap, priority, "
-                                                    "weighted, sjf, aging, rr, vtc_predict); default fcfs")
+                                                    "weighted, sjf, aging, rr, vtc_predict, token_pool); default fcfs")
     p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE",
                    help="a policy parameter (VALUE parsed as JSON when it can be: limit=100, weights=[1,2]); "
                         "repeatable")
@@ -98,7 +104,8 @@ def add_arguments(p) -> None:
                         "max_batch, else 16); once for all, or once per --upstream")
     p.add_argument("--cost-model", metavar="FILE",
                    help="a fairlib fit or probe result (JSON): max_inflight defaults to its max_batch, the "
-                        "residency charge's prefill price to its prefill_ms_per_token")
+                        "residency charge's prefill price to its prefill_ms_per_token, token_pool's decode "
+                        "price to (iter_base_ms + iter_slope_ms B) / B at B = max_inflight")
     p.add_argument("--prefill-ms-per-token", type=float,
                    help="the engines' prefill price (ms/token) charged at admission (default: the cost model's, "
                         "else 0: prefill time split over the step like decode time)")
@@ -142,7 +149,9 @@ def config_from_args(a) -> GatewayConfig:
                          host=a.host, port=a.port, prefill_ms_per_token=pm, max_queue=a.max_queue,
                          queue_timeout_s=a.queue_timeout_s, step_tol_ms=st, health_interval_s=a.health_interval_s,
                          upstream_api_key=a.upstream_api_key or None, api_key=a.api_key or None,
-                         record_events=not a.no_events, estimator=a.estimator, estimator_key=a.estimator_key)
+                         record_events=not a.no_events, estimator=a.estimator, estimator_key=a.estimator_key,
+                         cost_model=({k: engine[k] for k in ("iter_base_ms", "iter_slope_ms", "prefill_ms_per_token",
+                                                             "max_batch") if engine.get(k) is not None} or None))
 
 
 def gateway_from_args(a) -> int:

@@ -13,6 +13,7 @@ duration and emitters observed on the streams instead of computed.
         ...dispatch rid upstream...
     gate.observe([rid], [1], [False], dt_ms=12.0, t_ms=12.0)           # a decode step on the streams
     gate.withdraw(rid, t_ms)                                           # cancelled / failed / timed out
+    gate.set_replicas(1, t_ms)                                         # a pool policy: a replica lost
 
 Charges (the engine model's step 5, measured): at admission ``prefill_ms_per_token * prompt`` (the
 fitted price; 0 splits prefill time equally over the step instead), per observed step ``per_seq =
@@ -130,9 +131,22 @@ class PolicyGate:
         before = int(self.S.si[N_RUNNING])
         k = observed.admit(self.S, self.E, self.policy.pid, self.pf, self.pi, t)
         ids = [int(x) for x in self.S.BT[RUN_IDS, before:before + k]]
-        if self.record and ids:
-            self.log.append(["admit", t, cap, ids])
+        if self.record and (ids or getattr(self.policy, "clocked", False)):
+            self.log.append(["admit", t, cap, ids])    # a clocked policy's select moves its state
         return ids
+
+    def set_replicas(self, replicas: int, t_ms: float) -> None:
+        """The pool's capacity becomes ``replicas`` replicas at ``t_ms`` (a policy with
+        ``apply_replicas``, token_pool; others ignore it): its debts are brought to ``t_ms`` at the
+        old capacity first."""
+        t = _check_time("t_ms", t_ms)
+        fn = getattr(self.policy, "apply_replicas", None)
+        if fn is None:
+            return
+        observed.clock(self.S, self.policy.pid, self.pf, self.pi, t)
+        fn(self.pf, replicas)
+        if self.record:
+            self.log.append(["replicas", t, int(replicas)])
 
     def observe(self, ids: Sequence[int], tokens: Sequence[int], finished: Sequence[bool], dt_ms: float,
                 t_ms: float) -> float:
@@ -164,7 +178,7 @@ class PolicyGate:
         t = _check_time("t_ms", t_ms)
         if not 0 <= rid < self.n_requests:
             raise ValueError(f"withdraw: no request {rid!r}")
-        where = {1: "waiting", 2: "in_flight"}.get(int(observed.withdraw(self.S, int(rid), t)), "gone")
+        where = {1: "waiting", 2: "in_flight"}.get(int(observed.withdraw(self.S, self.policy.pid, self.pf, self.pi, int(rid), t)), "gone")
         if self.record and where != "gone":
             self.log.append(["withdraw", t, int(rid)])
         return where
@@ -250,6 +264,8 @@ def replay(spec: dict, log: Sequence) -> PolicyGate:
             gate.observe(ids, toks, fin, dt, t)
         elif kind == "withdraw":
             gate.withdraw(ev[2], ev[1])
+        elif kind == "replicas":
+            gate.set_replicas(ev[2], ev[1])
         else:
             raise ValueError(f"replay: event {i} has an unknown kind {kind!r}")
     return gate

@@ -24,9 +24,13 @@ iteration's facts observed instead of computed:
   ``on_iteration``, ``TI[T_RUNNING]`` counts each tenant's sequences in that sub-iteration, as in
   the engine loop, where every running sequence emits; it is the tenant's requests in flight
   again afterwards. The finished ones then leave the batch (``_retire``'s bookkeeping).
+- ``clock``: the policy's ``on_clock`` hook (token_pool: its debts brought to t before the gateway
+  changes the pool's capacity).
 - ``withdraw``: a request leaves outside a step (its client went away, its upstream failed, it
   waited too long): out of its line, or out of the batch, status ``WITHDRAWN``. The policy's
-  bookkeeping sees no finish (vtc_predict learns no length from it); what it was charged stays.
+  bookkeeping sees no finish (vtc_predict learns no length from it); what it was charged stays;
+  its ``on_withdraw`` hook is told first, while r is still where it was (token_pool brings
+  its debts to t, then returns the unused reservation).
 
 Nothing here reads ``RI[OUTPUT]`` of a request in flight: a gateway does not know it. It holds a
 large number until the step that finishes the request sets it to the tokens generated.
@@ -170,17 +174,28 @@ def observe(S, E, pid, pf, pi, ids, tokens, finished, n, dt, t, saved):
 
 
 @jit.entry
-def withdraw(S, r, t):
+def withdraw(S, pid, pf, pi, r, t):
     """Take request r out of its line or the batch (the module's docstring). Returns 1 if it was
     waiting, 2 if it was in flight, 0 if it had already left."""
     RF, RI, TF, TI, BT, heap, heap_n, sf, si = S
     st = RI[STATUS, r]
     if st == WAITING:
+        dispatch.on_withdraw(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r, t)
         lines.remove(heap, heap_n, RF, RI[LINE, r], r)
         RI[STATUS, r] = WITHDRAWN
         return 1
     if st == RUNNING:
+        dispatch.on_withdraw(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, r, t)
         _leave_batch(RI, TI, BT, si, r)
         RI[STATUS, r] = WITHDRAWN
         return 2
     return 0
+
+
+@jit.entry
+def clock(S, pid, pf, pi, t):
+    """The policy's ``on_clock`` hook at t (token_pool: its debts brought to t)."""
+    RF, RI, TF, TI, BT, heap, heap_n, sf, si = S
+    dispatch.on_clock(pid, pf, pi, RF, RI, TI, BT, heap, heap_n, t)
+    if t > sf[T_NOW]:
+        sf[T_NOW] = t

@@ -11,12 +11,13 @@ from fairlib.sim.policies.rpm_quota import RpmQuota
 from fairlib.sim.policies.rr import RoundRobin
 from fairlib.sim.policies.sjf import SJF
 from fairlib.sim.policies.slot_cap import SlotCap
+from fairlib.sim.policies.token_pool import TokenPool
 from fairlib.sim.policies.vtc import VTC
 from fairlib.sim.policies.vtc_predict import VTCPredict
 from fairlib.sim.policies.weighted import Weighted
 
 POLICIES = {cls.name: cls for cls in (FCFS, RpmQuota, VTC, LCF, Residency, SlotCap, Priority, Weighted, SJF, Aging,
-                                        RoundRobin, VTCPredict)}
+                                        RoundRobin, VTCPredict, TokenPool)}
 
 __all__ = ["POLICIES", "Policy", "make_policy", "parse_policy_param"]
 

@@ -41,6 +41,7 @@ class Policy:
     pid = -1
     params: dict = {}          # name -> default (None = required)
     needs: tuple = ()          # optional request columns the policy reads
+    clocked: bool = False      # its accept/select change its state with the clock (token_pool)
 
     def __init__(self, **params):
         unknown = set(params) - set(self.params)
