@@ -5,6 +5,7 @@ import ast
 from pathlib import Path
 
 import fairlib.sim.loop as loop
+import fairlib.sim.observed as observed
 import fairlib.sim.policies.dispatch as dispatch
 
 POLICY_DIR = Path(dispatch.__file__).parent
@@ -27,7 +28,11 @@ MODULES = {p.stem: functions(p) for p in POLICY_DIR.glob("*.py") if p.stem not i
 
 
 def test_the_loop_calls_exactly_the_dispatched_hooks():
-    assert calls(loop.__file__, "dispatch") == HOOKS == {"accept", "select", "on_admit", "on_iteration"}
+    """The engine loop calls four; a gateway (observed.py) also tells a policy of a withdrawal and
+    of its clock (token_pool); together they call every routed hook."""
+    assert calls(loop.__file__, "dispatch") == {"accept", "select", "on_admit", "on_iteration"}
+    assert calls(observed.__file__, "dispatch") == {"on_iteration", "on_withdraw", "on_clock"}
+    assert calls(loop.__file__, "dispatch") | calls(observed.__file__, "dispatch") == HOOKS
 
 
 def test_every_dispatched_hook_is_implemented_by_a_policy():
