@@ -33,7 +33,6 @@ from fairlib.sim import loop
 from fairlib.sim.engine import Engine
 from fairlib.sim.gate import PolicyGate
 from fairlib.sim.online import OnlineEngine
-from fairlib.sim.policies import make_policy
 from fairlib.sim.simulate import request_columns
 from fairlib.sim.state import CHARGED
 
@@ -87,10 +86,6 @@ def simulate_gateway(requests, engine: Optional[Engine] = None, replicas: int = 
     replicas = int(replicas)
     cols, n_t = request_columns(requests, n_tenants)
     n = len(cols["arrival_ms"])
-    pol = make_policy(policy, **(policy_params or {}))
-    missing = [c for c in pol.needs if c not in cols and not (c == "priority" and "klass" in cols)]
-    if missing:
-        raise ValueError(f"policy {pol.name!r} needs the requests column(s) {missing}")
     est = cols.get("est_output_tokens", cols["output_tokens"])
     klass = cols.get("klass", np.zeros(n, np.int64))
     prio = cols.get("priority", np.zeros(n, np.int64))
@@ -99,6 +94,9 @@ def simulate_gateway(requests, engine: Optional[Engine] = None, replicas: int = 
     gate = PolicyGate(policy, n_tenants=n_t, slots=engine.max_batch * replicas,
                       prefill_ms_per_token=engine.prefill_ms_per_token, n_classes=max(n_classes, 4),
                       capacity=max(n, 1), **(policy_params or {}))
+    missing = [c for c in gate.policy.needs if c not in cols and not (c == "priority" and "klass" in cols)]
+    if missing:
+        raise ValueError(f"policy {gate.policy.name!r} needs the requests column(s) {missing}")
     reps = [OnlineEngine(engine, "fcfs", n_tenants=n_t, capacity=64) for _ in range(replicas)]
     healthy = [True] * replicas
     busy = [False] * replicas
