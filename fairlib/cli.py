@@ -440,6 +440,8 @@ def cmd_fit(a) -> int:
 
     def on_term(signum, frame):   # SIGTERM takes SIGINT's path (asyncio cancels the sweep cleanly)
         got["signal"] = "SIGTERM"
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            raise KeyboardInterrupt  # started as a background job (SIGINT ignored): SIGTERM must still stop it
         signal.raise_signal(signal.SIGINT)
 
     old = signal.signal(signal.SIGTERM, on_term)

@@ -257,6 +257,25 @@ def test_cli_stops_cleanly_on_a_signal(server, tmp_path, sig, code):
     assert not out.exists()
 
 
+def test_sigterm_stops_a_fit_started_with_sigint_ignored(server, tmp_path):
+    """A background job (``cmd &`` in a shell without job control) starts with SIGINT ignored;
+    SIGTERM went SIGINT's way and was ignored with it: the fit ran on and exited 0."""
+    out = tmp_path / "x.json"
+    p = subprocess.Popen([sys.executable, "-m", "fairlib.cli", "fit", "--endpoint", server.base_url, "--out",
+                          str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        q = _lines(p)
+        assert _readline(q, p).startswith("fairlib fit: ")
+        _readline(q, p)
+        p.send_signal(signal.SIGTERM)
+        err = p.stderr.read() if p.wait(timeout=60) is not None else ""
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143 and "interrupted by SIGTERM" in err and not out.exists()
+
+
 def test_fit_of_a_guarded_endpoint_sends_the_key_and_never_writes_it(tmp_path, capfd):
     """``fairlib serve --api-key`` guards /v1 as vLLM's does: the fit with ``--api-key`` measures it
     (the key on every request, none in the file or the output); without it, one line naming 401."""
