@@ -601,7 +601,10 @@ def test_token_pool_refuses_spot_with_retry_after_never_guaranteed_and_replays(u
         assert [g[0] for g in gold] == [200, 200]       # 2 x 25 = its 50 ms: never refused
         st = assert_idle(gw)
         assert st["tenants"]["gold"]["rejected"] == 0 and st["tenants"]["flood"]["rejected"] == codes.count(429)
+
         assert st["tenants"]["flood"]["reserved_ms"] == 0.0
+        huge = post(gw.base_url, "/completions", completion(300), {FID: "gold"})   # 300 ms > R H = 200
+        assert huge[0] == 429 and "Retry-After" not in huge[1] and "could ever fund" in json.loads(huge[2])["error"]["message"]
         bad = post(gw.base_url, "/completions", {"model": "sim-model", "prompt": [1, 2], "stream": True},
                    {FID: "team"})
         assert bad[0] == 400 and json.loads(bad[2])["error"]["param"] == "max_tokens"
@@ -659,3 +662,17 @@ def test_token_pool_needs_its_tenants(tmp_path):
     cfg = GatewayConfig(upstreams=("http://127.0.0.1:1/v1",), policy="token_pool", tenants=str(f),
                         max_inflight=8, cost_model={"iter_base_ms": 8.0, "iter_slope_ms": 1.0})
     assert cfg.effective_policy_params()["decode_price_ms"] == pytest.approx((8.0 + 8.0) / 8)
+    up2 = ("http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1")
+    cfg = GatewayConfig(upstreams=up2, policy="token_pool", tenants=str(f), max_inflight=(4, 8),
+                        policy_params={"replica_slots": 4}, cost_model={"iter_base_ms": 8.0, "iter_slope_ms": 1.0})
+    assert cfg.effective_policy_params()["decode_price_ms"] == pytest.approx((8.0 + 4.0) / 4)
+    with pytest.raises(ValueError, match="iter_base_ms and iter_slope_ms"):
+        GatewayConfig(upstreams=up2, policy="token_pool", tenants=str(f), cost_model={"max_batch": 4})
+    for text, match in (('name = "a"\npool_class = "guaranteed"\n', r"\['a'\].*no share"),
+                        ('name = "s"\npool_class = "spot"\nshare = 0.2\n', r"spot tenant\(s\) \['s'\]"),
+                        ('name = "a"\npool_class = "elastic"\nshare = 0.7\n[[tenant]]\nname = "b"\n'
+                         'pool_class = "elastic"\nshare = 0.6\n', r"add up to 1.3.*a 0.7, b 0.6")):
+        f.write_text("[[tenant]]\n" + text)
+        with pytest.raises(ValueError, match=match):
+            GatewayConfig(upstreams=("http://127.0.0.1:1/v1",), policy="token_pool", tenants=str(f),
+                          policy_params={"decode_price_ms": 1.0})

@@ -175,10 +175,24 @@ def with_tenant_weights(policy: str, params: dict, tenants: TenantTable, pool: O
             if missing and "classes" not in p:
                 raise ValueError(f"--policy token_pool: tenant(s) {missing} have no pool_class in the tenants file "
                                  f"(guaranteed, elastic or spot)")
+            unshared = [t.name for t in tenants.tenants if t.pool_class in ("guaranteed", "elastic") and t.share is None]
+            if unshared and "shares" not in p:
+                raise ValueError(f"--policy token_pool: tenant(s) {unshared} have a guaranteed or elastic pool_class "
+                                 f"but no share in the tenants file (a fraction of the pool, 0..1)")
+            spot = [t.name for t in tenants.tenants if t.pool_class == "spot" and t.share]
+            if spot and "shares" not in p:
+                raise ValueError(f"--policy token_pool: spot tenant(s) {spot} have a share in the tenants file; a spot "
+                                 f"tenant has no entitlement (share 0 or none)")
+            total = sum(t.share or 0.0 for t in tenants.tenants)
+            if total > 1 + 1e-9 and "shares" not in p:
+                raise ValueError(f"--policy token_pool: the tenants' shares add up to {total:g}, more than the pool "
+                                 f"(1): " + ", ".join(f"{t.name} {t.share:g}" for t in tenants.tenants if t.share))
             # a tenant with no class (the default tenant the file did not describe) is spot
             p.setdefault("classes", [t.pool_class or "spot" for t in tenants.tenants])
             p.setdefault("shares", [t.share if t.share is not None else 0.0 for t in tenants.tenants])
             p.setdefault("slo_ms", [t.ttft_slo_ms for t in tenants.tenants])     # None: no objective
+        pool = dict(pool) if pool is not None else None
+        cost = pool.pop("cost_model", None) if pool is not None else None
         for k, v in (pool or {}).items():
             if v is not None:
                 p.setdefault(k, v)
@@ -186,8 +200,17 @@ def with_tenant_weights(policy: str, params: dict, tenants: TenantTable, pool: O
             raise ValueError("--policy token_pool: the upstreams' --max-inflight differ; give the slots of one "
                              "replica with --policy-param replica_slots=N")
         if pool is not None and "decode_price_ms" not in p:
-            raise ValueError("--policy token_pool needs the price of an output token: --cost-model FILE (a fit) or "
-                             "--policy-param decode_price_ms=MS")
+            cm = cost or {}
+            if cm.get("iter_base_ms") is not None and cm.get("iter_slope_ms") is not None:
+                b = float(p["replica_slots"])         # the price of an output token at a full replica
+                p["decode_price_ms"] = (float(cm["iter_base_ms"]) + float(cm["iter_slope_ms"]) * b) / b
+            elif cost:
+                raise ValueError("--policy token_pool: the --cost-model has no iter_base_ms and iter_slope_ms (a fit "
+                                 "has them), so the price of an output token is unknown; or give --policy-param "
+                                 "decode_price_ms=MS")
+            else:
+                raise ValueError("--policy token_pool needs the price of an output token: --cost-model FILE (a fit) "
+                                 "or --policy-param decode_price_ms=MS")
     return p
 
 
@@ -298,16 +321,11 @@ class GatewayConfig:
 
     def pool_defaults(self) -> dict:
         """``token_pool``'s parameters from the gateway: one replica per upstream, each with its
-        ``max_inflight`` slots (they must be equal), the prefill price, and the decode price from
-        the cost model at that batch."""
-        mi = set(self.max_inflight)
-        slots = self.max_inflight[0] if len(mi) == 1 else None
-        u = None
-        cm = self.cost_model or {}
-        if slots and cm.get("iter_base_ms") is not None and cm.get("iter_slope_ms") is not None:
-            u = (float(cm["iter_base_ms"]) + float(cm["iter_slope_ms"]) * slots) / slots
+        ``max_inflight`` slots (they must be equal), the prefill price, and the cost model from
+        which :func:`with_tenant_weights` prices an output token at that batch."""
+        slots = self.max_inflight[0] if len(set(self.max_inflight)) == 1 else None
         return {"replicas": len(self.upstreams), "replica_slots": slots,
-                "prefill_price_ms": self.prefill_ms_per_token, "decode_price_ms": u}
+                "prefill_price_ms": self.prefill_ms_per_token, "cost_model": self.cost_model}
 
     @property
     def n_tenants(self) -> int:

@@ -162,7 +162,7 @@ class Gateway:
                                          "Machine time charged (ms): prefill at admission, dt/B per observed step", L))
         self.m_waiting = r.add(Gauge("fairlib_gateway_waiting", "Requests waiting in the gateway", L))
         self.m_inflight = r.add(Gauge("fairlib_gateway_in_flight", "Requests in an upstream", L))
-        self.m_counter = r.add(Gauge("fairlib_gateway_policy_counter", "The policy's counter (vtc, lcf, residency)", L))
+        self.m_counter = r.add(Gauge("fairlib_gateway_policy_counter", "The policy's counter (vtc, lcf, residency; token_pool: the debt, ms)", L))
         self.m_wait = r.add(Histogram("fairlib_gateway_queue_wait_seconds", "Time from arrival to dispatch", L,
                                       QUEUE_WAIT_BUCKETS))
         self.m_ttft = r.add(Histogram("fairlib_gateway_time_to_first_token_seconds",
@@ -260,8 +260,11 @@ class Gateway:
         if not ok:
             self.m_rejected.inc(1, (name, "policy"))
             ra = self.gate.retry_after_s(tenant, t)
-            raise Rejected(429, "policy", f"the policy {self.policy_name!r} turned the request away "
-                                          f"(tenant {name!r})", ra)
+            why = f"the policy {self.policy_name!r} turned the request away (tenant {name!r})"
+            if ra is None and self.policy_name == "token_pool":
+                why += ("; it reserves more than the pool could ever fund (its prompt and max_tokens or estimate "
+                        "against the pool's horizon or KV): lower max_tokens, retrying will not help")
+            raise Rejected(429, "policy", why, ra)
         p = Pending(rid, tenant, t, asyncio.get_running_loop().create_future(), max_tokens=max_tokens,
                     category=category, tier=tier, estimate=t_est)
         self.pending[rid] = p
