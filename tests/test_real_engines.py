@@ -69,7 +69,9 @@ CH5_SCALE = 0.03
 #: use DEFAULTS). One repeat (11 s on vLLM) gave a decode R2 of 0.67 once, on a machine loaded to
 #: twice its cores: one timed batch 7 ms off. Three (about 30 s) take the median; the prefill too
 #: (two repeats gave a prefill R2 of 0.91 once: the engine runs under SCHED_IDLE, so any other
-#: work on the machine stretches a 10-50 ms prefill it is timing).
+#: work on the machine stretches a 10-50 ms prefill it is timing). The fit sends one untimed
+#: request per prefill length first: vLLM-CPU's first prompt of a new length was the slow repeat
+#: (R2 0.78 once, in a fresh clone, when a second repeat was disturbed as well).
 QUICK_FIT = dict(batches=(1, 2, 4, 8, 16), prompt_tokens=(32, 512), decode_tokens=48, repeats=3,
                  prefill_lengths=(16, 128, 256, 512), prefill_repeats=3)
 DECODE_R2_MIN = 0.8

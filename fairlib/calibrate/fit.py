@@ -22,7 +22,9 @@ its least squares, ``linear_fit``) and adds what a real engine needs:
   :data:`PIECEWISE_R2_BELOW` of the variance and two pieces cut the residual sum of squares by
   more than :data:`PIECEWISE_SSE_CUT`).
 - **prefill**: ``TTFT = c + prefill * P`` over the medians of single requests on the idle engine
-  (linear), with a quadratic beside it to show how superlinear it is over the range.
+  (linear), with a quadratic beside it to show how superlinear it is over the range. One untimed
+  request per length comes first (``points.prefill_warmup``): vLLM-CPU runs the first prompt of a
+  new length 3-13 ms slower.
 - **server-side figures** beside the client's: llama.cpp's per-request ``timings``
   (``predicted_per_token_ms``: the iteration time its slots saw; ``prompt_ms``: pure prefill),
   vLLM's per-request metrics (``--enable-per-request-metrics``: ``mean_itl_ms``,
@@ -659,6 +661,18 @@ async def _measure_async(cfg, kind: str, p: dict) -> dict:
                     srv = pt_["server_ms_per_token"]
                     log(f"fit: rep {rep} prompt {pt:4d} B={B:3d} dt={dt if dt is None else round(dt, 3)} ms "
                         f"server={srv if srv is None else round(srv, 3)} concurrent={pt_['concurrent']}")
+        # one untimed request per prefill length first: vLLM-CPU's first prompt of a length it has
+        # not run yet is slower (+3 to +13 ms at 64-512 tokens in every saved fit: the first repeat
+        # of each new length), and a warm-up in the timed repeats leaves the median one disturbance
+        # from a wrong value (a quick fit's prefill R2 of 0.78 over 4 lengths x 3 repeats)
+        warm = []
+        if p["warmup"] > 0:
+            for P in p["prefill_lengths"]:
+                rec = (await send([plan(P, p["prefill_output_tokens"])]))[0]
+                warm.append({"P_sent": P, "ttft_ms": None if rec.get("ttft_s") is None else rec["ttft_s"] * 1e3,
+                             "error_class": rec.get("error_class")})
+            log("fit: prefill warm-up (not fitted): " + ", ".join(
+                f"P={q['P_sent']}: {q['ttft_ms']:.1f} ms" for q in warm if q["ttft_ms"] is not None))
         for rep in range(p["prefill_repeats"]):
             for P in p["prefill_lengths"]:
                 rec = (await send([plan(P, p["prefill_output_tokens"])]))[0]
@@ -678,7 +692,7 @@ async def _measure_async(cfg, kind: str, p: dict) -> dict:
                 for q in pts:
                     q.update(context=float(np.median(counts)) + p["decode_tokens"] / 2.0,
                              context_source="usage.prompt_tokens")
-    return {"decode": decode, "prefill": prefill}
+    return {"decode": decode, "prefill": prefill, "prefill_warmup": warm}
 
 
 def measure(endpoint, kind: str, *, batches: Sequence[int], decode_tokens: int = 64,
@@ -951,7 +965,8 @@ def fit_engine(eng, *, max_batch: Optional[int] = None, out=None, verbose: bool 
         "date": time.strftime("%Y-%m-%d", time.gmtime(t0)),
         "started_wall": t0, "duration_s": time.time() - t0,
         "params": raw["params"],
-        "points": {"decode": raw["decode"], "prefill": raw["prefill"]},
+        "points": {"decode": raw["decode"], "prefill": raw["prefill"],
+                   "prefill_warmup": raw.get("prefill_warmup", [])},
         "note": note,
     })
     if out is not None:
