@@ -298,3 +298,30 @@ def test_gateway_estimates_learns_and_orders_sjf_over_http(tmp_path):
             assert gw.state()["estimator"]["observed"] == 0
         finally:
             gw.stop()
+
+
+def test_run_steps_engine_is_the_line_through_the_median_step_of_each_batch(tmp_path):
+    """Steps as a gateway logs them: at B=2 three steps (5, 100, 5 ms: the median drops the
+    stall), at B=4 one of 7 ms, at B=1 one that is ignored: dt = 3 + 1 B; the step table compares
+    the full batch's median (B=4: 7 ms) with the fitted engine's 2 + 0.5 * 4 = 4 ms."""
+    import json as _json
+    from types import SimpleNamespace
+
+    from fairlib.chapters import driftsched as ds
+    from fairlib.sim.engine import Engine
+
+    ev = [{"spec": {}, "tenants": []}]
+    t = 0.0
+    for dt, B in ((5, 2), (100, 2), (5, 2), (7, 4), (50, 1)):
+        t += dt
+        ev.append(["step", t, dt, list(range(B)), [1] * B, [False] * B])
+    (tmp_path / "gateway_events.jsonl").write_text("".join(_json.dumps(e) + "\n" for e in ev))
+    run = SimpleNamespace(path=str(tmp_path), extra={"sim_engine": Engine(2.0, 0.5, 0.25, 4).to_dict(),
+                                                      "driftsched": {"label": "FIFO", "seed": 0}})
+    e = ds.run_steps_engine(run)
+    assert (e.iter_base_ms, e.iter_slope_ms, e.prefill_ms_per_token, e.max_batch) == pytest.approx((3.0, 1.0, 0.25, 4))
+    st = ds.run_steps(run)
+    assert list(st["B"]) == [2, 2, 2, 4, 1] and st["dt_ms"].sum() == 167
+    row = ds.step_table([run]).iloc[0]
+    assert row["measured / fitted"] == pytest.approx(7 / 4)
+    assert row["mean batch"] == pytest.approx(11 / 5)

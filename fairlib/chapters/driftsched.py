@@ -52,7 +52,8 @@ from fairlib.sim.state import ADMITTED, FINISH, RUNNING, STATUS
 
 __all__ = ["PHASES", "PROMPT_WORDS", "OUTPUT_TOKENS", "POLICIES", "ENGINES", "protocol_requests", "run_protocol",
            "error_table", "latency_table", "tier_table", "kendall_tau", "LIVE_TENANTS", "LIVE_SCALE", "mean_cost_ms",
-           "live_requests", "live_workload", "measure_live", "chapter_runs", "live_table", "saved_live", "save_live"]
+           "live_requests", "live_workload", "measure_live", "chapter_runs", "live_table", "saved_live", "save_live",
+           "run_steps", "run_steps_engine", "step_table"]
 
 #: (name, requests, gap bounds in s, category mix in CATEGORIES' order)
 PHASES = (("calibration", 1000, (0.05, 0.15), (0.40, 0.25, 0.25, 0.10)),
@@ -305,21 +306,61 @@ def measure_live(endpoint: str, kind: str, fit_path, *, policies: Sequence[str] 
     return out
 
 
+def run_steps(run) -> pd.DataFrame:
+    """The decode steps the gateway rebuilt from the run's streams (its event log): per step its
+    time ``t_ms``, duration ``dt_ms`` and batch ``B`` (the sequences that emitted in it)."""
+    _, events = gl._events(run)
+    st = [e for e in events if e[0] == "step"]
+    return pd.DataFrame({"t_ms": [e[1] for e in st], "dt_ms": [e[2] for e in st], "B": [len(e[3]) for e in st]})
+
+
+def run_steps_engine(run) -> Engine:
+    """The engine model with the step times the engine showed in the run: ``dt = a + b B`` by
+    least squares over the median step of each batch size ``B >= 2`` (weights: the square root of
+    its count), the fit's prefill price and batch limit."""
+    eng = Engine(**run.extra["sim_engine"])
+    st = run_steps(run)
+    st = st[st["B"] >= 2]
+    g = st.groupby("B")["dt_ms"]
+    med, n = g.median(), g.size()
+    b, a = np.polyfit(med.index.to_numpy(float), med.to_numpy(float), 1, w=np.sqrt(n.to_numpy(float)))
+    return Engine(float(a), float(b), eng.prefill_ms_per_token, eng.max_batch)
+
+
+def step_table(runs: Sequence) -> pd.DataFrame:
+    """Per live run: the fitted engine's step at a full batch against the median step the gateway
+    saw at that batch, their ratio, and the mean batch over the steps."""
+    rows = []
+    for r in runs:
+        d, eng = r.extra["driftsched"], Engine(**r.extra["sim_engine"])
+        st = run_steps(r)
+        full = st.loc[st["B"] == eng.max_batch, "dt_ms"]
+        fitted = float(eng.iteration_ms(eng.max_batch))
+        rows.append({"policy": d["label"], "seed": d["seed"], "steps": len(st), "mean batch": float(st["B"].mean()),
+                     f"fitted step at B={eng.max_batch} (ms)": fitted,
+                     f"measured median at B={eng.max_batch} (ms)": float(full.median()) if len(full) else np.nan,
+                     "measured / fitted": float(full.median()) / fitted if len(full) else np.nan})
+    return pd.DataFrame(rows).set_index(["policy", "seed"])
+
+
 def live_table(runs: Sequence) -> pd.DataFrame:
-    """Per live run, measured and simulated on the fitted engine (continuous batching, the same
-    schedule, the same scheduler, the estimator in the loop): E2E p50 and p99 over every request
-    and the mean per tier (s), and the estimator's factors at the end (measured: the gateway's)."""
+    """Per live run, measured and simulated (continuous batching, the same schedule, the same
+    scheduler, the estimator in the loop) on the fitted engine and on the engine with the run's
+    own step times (:func:`run_steps_engine`): E2E p50 and p99 over every request and the mean per
+    tier (s), and the estimator's factors at the end (measured: the gateway's)."""
     rows = []
     for r in runs:
         d = r.extra["driftsched"]
         req, _ = live_requests(d["seed"], Engine(**r.extra["sim_engine"]), d["scale"])
         sim = run_protocol(req, Engine(**r.extra["sim_engine"]), d["policy"], d["params"], counting=d["counting"])
+        sim_steps = run_protocol(req, run_steps_engine(r), d["policy"], d["params"], counting=d["counting"])
         rec = r.records.sort_values("request_id").reset_index(drop=True)
         e2e = (rec["end_s"] - rec["actual_send_s"]).astype(float).to_numpy()
         ok = (rec["error_class"] == "none").to_numpy()
         st = json.loads((Path(r.path) / "gateway.json").read_text())
         for src, lat, bias in (("measured", e2e, (st.get("estimator") or {}).get("bias", {})),
-                               ("simulated", sim["e2e_s"].to_numpy(), None)):
+                               ("simulated", sim["e2e_s"].to_numpy(), None),
+                               ("simulated, the run's steps", sim_steps["e2e_s"].to_numpy(), None)):
             row = {"policy": d["label"], "seed": d["seed"], "source": src, "valid": bool(r.summary.get("valid")),
                    "answered": int(ok.sum()) if src == "measured" else len(sim),
                    "p50 (s)": float(np.nanquantile(lat, 0.5)), "p99 (s)": float(np.nanquantile(lat, 0.99))}
