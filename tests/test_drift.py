@@ -325,3 +325,18 @@ def test_run_steps_engine_is_the_line_through_the_median_step_of_each_batch(tmp_
     row = ds.step_table([run]).iloc[0]
     assert row["measured / fitted"] == pytest.approx(7 / 4)
     assert row["mean batch"] == pytest.approx(11 / 5)
+
+
+def test_run_steps_engine_with_one_batch_size_keeps_the_fitted_slope(tmp_path):
+    import json as _json
+    from types import SimpleNamespace
+
+    from fairlib.chapters import driftsched as ds
+    from fairlib.sim.engine import Engine
+
+    ev = [{"spec": {}, "tenants": []}] + [["step", 10.0 * (i + 1), 10.0, [0, 1, 2, 3], [1] * 4, [False] * 4]
+                                          for i in range(3)]
+    (tmp_path / "gateway_events.jsonl").write_text("".join(_json.dumps(e) + "\n" for e in ev))
+    run = SimpleNamespace(path=str(tmp_path), extra={"sim_engine": Engine(2.0, 0.5, 0.25, 4).to_dict()})
+    e = ds.run_steps_engine(run)
+    assert (e.iter_base_ms, e.iter_slope_ms) == pytest.approx((8.0, 0.5))      # 10 = 8 + 0.5 * 4

@@ -317,13 +317,20 @@ def run_steps(run) -> pd.DataFrame:
 def run_steps_engine(run) -> Engine:
     """The engine model with the step times the engine showed in the run: ``dt = a + b B`` by
     least squares over the median step of each batch size ``B >= 2`` (weights: the square root of
-    its count), the fit's prefill price and batch limit."""
+    its count), the fit's prefill price and batch limit (one batch size seen: the fit's slope
+    through its median; none: the fitted engine)."""
     eng = Engine(**run.extra["sim_engine"])
     st = run_steps(run)
     st = st[st["B"] >= 2]
     g = st.groupby("B")["dt_ms"]
     med, n = g.median(), g.size()
-    b, a = np.polyfit(med.index.to_numpy(float), med.to_numpy(float), 1, w=np.sqrt(n.to_numpy(float)))
+    if len(med) < 2:       # one batch size seen: the fit's slope through its median step
+        if not len(med):
+            return eng
+        b = eng.iter_slope_ms
+        a = float(med.iloc[0]) - b * float(med.index[0])
+    else:
+        b, a = np.polyfit(med.index.to_numpy(float), med.to_numpy(float), 1, w=np.sqrt(n.to_numpy(float)))
     return Engine(float(a), float(b), eng.prefill_ms_per_token, eng.max_batch)
 
 
