@@ -22,6 +22,7 @@ dispatch priority, settlement and debt: the rules in the policy's docstring.
 from __future__ import annotations
 
 import math
+import re
 from typing import Optional, Sequence
 
 import numpy as np
@@ -31,7 +32,7 @@ from fairlib.sim.engine import Engine
 from fairlib.sim.policies.token_pool import CLASS_WEIGHT, CLASSES
 
 __all__ = ["replica_capacity", "capacity_table", "decode_price_ms", "pool_params", "priority", "realised_overshoot",
-           "CLASSES"]
+           "kv_capacity_from_metrics", "CLASSES"]
 
 
 def decode_price_ms(engine: Engine, batch: Optional[float] = None) -> float:
@@ -104,3 +105,31 @@ def realised_overshoot(reserved_ms: np.ndarray, charged_ms: np.ndarray) -> float
     gateway's entitlement can be exceeded by one request."""
     d = np.asarray(charged_ms, float) - np.asarray(reserved_ms, float)
     return float(max(0.0, d.max())) if d.size else 0.0
+
+
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def kv_capacity_from_metrics(text: str) -> dict:
+    """A vLLM replica's KV capacity from its ``/metrics`` text: ``tokens = num_gpu_blocks x
+    block_size`` from the ``vllm:cache_config_info`` sample's labels (vLLM states its cache
+    configuration there; on its CPU build the blocks are in host memory, the label keeps its
+    name). Returns ``{"num_gpu_blocks", "block_size", "tokens"}``; ``ValueError`` naming what is
+    missing."""
+    for line in str(text).splitlines():
+        line = line.strip()
+        if not line.startswith("vllm:cache_config_info{"):
+            continue
+        labels = dict(_LABEL.findall(line[line.index("{") + 1:line.rindex("}")]))
+        missing = [k for k in ("num_gpu_blocks", "block_size") if k not in labels]
+        if missing:
+            raise ValueError(f"vllm:cache_config_info has no label(s) {missing}; its labels: {sorted(labels)}")
+        try:
+            blocks, size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
+        except ValueError:
+            raise ValueError(f"vllm:cache_config_info: num_gpu_blocks and block_size must be integers, got "
+                             f"{labels['num_gpu_blocks']!r} and {labels['block_size']!r}") from None
+        if blocks < 1 or size < 1:
+            raise ValueError(f"vllm:cache_config_info: num_gpu_blocks {blocks} and block_size {size} must be >= 1")
+        return {"num_gpu_blocks": blocks, "block_size": size, "tokens": blocks * size}
+    raise ValueError("no vllm:cache_config_info sample in the metrics text (is it vLLM's /metrics?)")

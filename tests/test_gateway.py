@@ -618,17 +618,26 @@ def test_token_pool_refuses_spot_with_retry_after_never_guaranteed_and_replays(u
         gw.stop()
 
 
-def test_draining_an_upstream_tells_the_pool_and_routes_around_it(tmp_path):
-    f = tmp_path / "tenants.toml"
-    f.write_text(POOL_TENANTS)
+@pytest.fixture
+def two_serves():
+    """Two ``fairlib serve`` replicas of the engine model, stopped after the test."""
     a = ServerThread(ServeConfig(engine=ENGINE, model="sim-model", port=0, n_tenants=8)).start()
     b = ServerThread(ServeConfig(engine=ENGINE, model="sim-model", port=0, n_tenants=8)).start()
-    gw = gateway([a, b], tenants=str(f), policy="token_pool", max_inflight=2,
+    yield a, b
+    a.stop()
+    b.stop()
+
+
+def test_draining_an_upstream_tells_the_pool_and_routes_around_it(tmp_path, two_serves):
+    f = tmp_path / "tenants.toml"
+    f.write_text(POOL_TENANTS)
+    gw = gateway(list(two_serves), tenants=str(f), policy="token_pool", max_inflight=2,
                  policy_params={"decode_price_ms": 1.0, "pool_horizon_ms": 10000.0})
     try:
         assert gw.state()["tenants"]["team"]["cap_ms"] == pytest.approx(0.5 * 2 * 10000.0)
         st = gw.drain(1)
         assert [u["drained"] for u in st["upstreams"]] == [False, True]
+        assert st["replicas_available"] == 1 and st["policy_params"]["replicas"] == 2   # the params as set
         assert st["tenants"]["team"]["cap_ms"] == pytest.approx(0.5 * 1 * 10000.0)
         got = _concurrently(lambda i: post(gw.base_url, "/completions", completion(5), {FID: "team"}), 4)
         assert all(g[0] == 200 for g in got)
@@ -642,8 +651,19 @@ def test_draining_an_upstream_tells_the_pool_and_routes_around_it(tmp_path):
         assert [e[2] for e in events if e[0] == "replicas"] == [1, 2]
     finally:
         gw.stop()
-        a.stop()
-        b.stop()
+
+
+def test_a_drain_is_in_every_policys_log(two_serves):
+    """fcfs ignores the replica count, but its event log still says when capacity changed (the
+    live chapter reads the outage's instants from it)."""
+    gw = gateway(list(two_serves), policy="fcfs", max_inflight=2)
+    try:
+        assert gw.drain(1)["replicas_available"] == 1
+        assert gw.drain(1, False)["replicas_available"] == 2
+        _, events = gw.events()
+        assert [e[2] for e in events if e[0] == "replicas"] == [1, 2]
+    finally:
+        gw.stop()
 
 
 def test_token_pool_needs_its_tenants(tmp_path):

@@ -63,6 +63,11 @@ CH2 = ROOT / "notebooks" / "02_quota_inversion.ipynb"
 CH3 = ROOT / "notebooks" / "03_vtc_weight_derivation.ipynb"
 CH4 = ROOT / "notebooks" / "04_slot_cap_failure.ipynb"
 CH5 = ROOT / "notebooks" / "05_drift_calibration.ipynb"
+CH6 = ROOT / "notebooks" / "06_token_pools.ipynb"
+#: Chapter 6 live in the test: every duration and replica instant x0.3 (a 12 s flood, a 27 s
+#: capacity loss with replica 1 out from 7.5 to 16.5 s), three of the five variants, one seed
+CH6_SCALE = 0.3
+CH6_VARIANTS = {"flood": ["fcfs", "pool_estimate"], "loss": ["pool"]}
 #: Chapter 5 live in the test: this fraction of the protocol's requests (30 + 60), one seed
 CH5_SCALE = 0.03
 #: A quick fit: two contexts, five batch sizes, the median of three repeats (the committed fits
@@ -350,6 +355,16 @@ class TestVLLM:
     def test_fit_quality(self, fitted):
         _fit_quality(fitted, self.kind)
 
+    def test_kv_capacity_in_metrics(self, eng):
+        """vLLM states its KV cache in ``vllm:cache_config_info`` (chapter 6's capacity table): at
+        least one sequence of the full context window must fit, or vLLM would not have started."""
+        from fairlib.pools import kv_capacity_from_metrics
+        with urllib.request.urlopen(eng.metrics_url, timeout=10) as r:
+            kv = kv_capacity_from_metrics(r.read().decode())
+        assert kv["tokens"] == kv["num_gpu_blocks"] * kv["block_size"]
+        assert kv["tokens"] >= eng.settings["max_model_len"], kv
+        print("vLLM KV capacity:", kv)
+
     def test_wire_format(self, eng):
         facts = _check_wire(self.kind, eng)
         assert facts["chat"]["role_only_first_chunk"]
@@ -529,6 +544,44 @@ def _check_gateway_runs(runs):
     assert not bad, (bad, stats)
 
 
+def _check_chapter6_runs(runs):
+    """Every planned request sent and answered (200 or the pool's 429, nothing else), every answer
+    in full; the gateway's event log replays to its own final counters; the pool kept the
+    guaranteed tenant's p99 TTFT below first come, first served's, never refused it, refused the
+    spot tenant; the drain is in the log at the instants the run asked for."""
+    from fairlib.chapters import token_pools_live as tl
+    from fairlib.sim.gate import replay
+    by = {(r.extra["pools"]["experiment"], r.extra["pools"]["variant"]): r for r in runs}
+    assert set(by) == {(e, v) for e, vs in CH6_VARIANTS.items() for v in vs}, sorted(by)
+    for key, r in by.items():
+        s, rec = r.summary, r.records
+        assert s["n_sent"] == s["n_planned"] == len(rec), (key, s["valid_reason"])
+        assert set(rec["error_class"]) <= {"none", "http_429"}, (key, rec["error_class"].value_counts())
+        ok = rec[rec["error_class"] == "none"]
+        assert (ok["completion_tokens"] == ok["max_tokens"]).all(), key
+        head, events = gl._events(r)
+        gate = replay(head["spec"], events)
+        st = json.loads((Path(r.path) / "gateway.json").read_text())
+        want = [st["tenants"][n]["machine_ms"] for n in head["tenants"]]
+        np.testing.assert_allclose(gate.tenant_state()["machine_ms"][:len(want)], want, rtol=1e-6, atol=1e-3)
+        rej = int((rec["error_class"] == "http_429").sum())
+        assert sum(st["tenants"][n]["rejected"] for n in head["tenants"]) == rej, key
+    q_f = tl._measured_requests(by[("flood", "fcfs")])
+    q_p = tl._measured_requests(by[("flood", "pool_estimate")])
+    g99 = [float(np.percentile(q.loc[(q["tenant"] == 0) & q["ok"], "ttft_s"], 99)) for q in (q_f, q_p)]
+    assert g99[1] < g99[0], g99
+    assert not q_p.loc[q_p["tenant"] == 0, "rejected"].any()          # guaranteed, within its share
+    assert q_p.loc[q_p["tenant"] == 2, "rejected"].any()              # the spot flood
+    assert not q_f["rejected"].any()                                  # no admission control
+    ev = tl.replicas_events(by[("loss", "pool")])
+    assert [n for _, n in ev] == [1, 2], ev
+    (t_down, _), (t_up, _) = ev
+    assert abs(t_down - tl.LOSS_DOWN_S * CH6_SCALE) < 1.0 and abs(t_up - tl.LOSS_UP_S * CH6_SCALE) < 1.0, ev
+    print({"guaranteed p99 TTFT fcfs / pool (s)": [round(x, 2) for x in g99],
+           "spot 429 (%)": round(100 * float(q_p.loc[q_p["tenant"] == 2, "rejected"].mean()), 1),
+           "replicas": [(round(t, 2), n) for t, n in ev], "step ratio": [round(tl.step_ratio(r), 2) for r in runs]})
+
+
 # --- llama.cpp ------------------------------------------------------------------------------------
 class TestLlamaCpp:
     kind = "llamacpp"
@@ -546,6 +599,21 @@ class TestLlamaCpp:
     def test_wire_format(self, eng):
         facts = _check_wire(self.kind, eng)
         assert facts["chat"]["role_only_first_chunk"]
+
+    def test_chapter6_live(self, eng, fitted, tmp_path):
+        """Chapter 6's two experiments, scaled to :data:`CH6_SCALE`, through a gateway in front of
+        this engine and a second one started as the book starts it (papermill, ``backend="http"``)."""
+        out = tmp_path / CH6.name
+        with fit.start(self.kind) as second, _timed("llamacpp chapter 6 (papermill, two replicas)"):
+            _papermill(CH6, out, ["-p", "backend", "http",
+                                  "-y", "endpoints: " + json.dumps([eng.base_url, second.base_url]),
+                                  "-r", "engine_kind", self.kind, "-r", "fit_file", str(fitted[1]),
+                                  "-y", "seeds: [0]", "-p", "live_scale", str(CH6_SCALE),
+                                  "-y", "live_variants: " + json.dumps(CH6_VARIANTS),
+                                  "-r", "runs_dir", str(tmp_path / "ch06")], timeout=900)
+        text = _outputs(out)
+        assert "through the gateway (measured now)" in text, text[-2000:]
+        _check_chapter6_runs([load_run(p) for p in sorted((tmp_path / "ch06").glob("*/*/seed*"))])
 
     def test_chapter8_live(self, chapter8):
         nb, runs_dir = chapter8

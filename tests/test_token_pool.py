@@ -10,6 +10,7 @@ import pytest
 import fairlib
 from fairlib import pools
 from fairlib.sim.cluster import simulate_gateway
+from fairlib.sim.gate import replay_samples
 from fairlib.sim.gate import PolicyGate, replay
 from fairlib.sim.state import AUX
 
@@ -331,9 +332,48 @@ def test_two_replicas_conserve_machine_time_and_respect_a_drain():
     assert set(smp[(smp["t_ms"] > 3000) & (smp["t_ms"] < 9000)]["replicas"]) == {1}
 
 
+@pytest.mark.parametrize("policy", ["token_pool", "fcfs"])
+def test_a_replayed_log_samples_what_the_run_sampled(policy):
+    """``replay_samples`` of the gate's log (what the live chapter reads from a gateway) gives the
+    run's own samples: the same charges, waiting lines, rejections, replicas, reservations and
+    debts at every instant (two independent paths: the cluster's event loop, the log)."""
+    df = _table(400)
+    eng = fairlib.Engine(4.0, 0.5, 0.0625, 4)
+    params = (pools.pool_params(eng, [G, E, S], [0.3, 0.5, 0.0], [500, 5000, 60000], horizon_ms=3000, replicas=2)
+              if policy == "token_pool" else {})
+    run = simulate_gateway(df, eng, 2, policy, params, events=[(3000.0, 1, "down"), (9000.0, 1, "up")],
+                           horizon_ms=15000.0, n_tenants=3, sample_ms=500.0, record=True)
+    gate, smp = replay_samples(run.gate.spec, run.gate.log, 500.0, end_ms=15000.0, replicas=2)
+    want = run.samples           # fcfs ignores the replica count, its log still says when it changed
+    pd.testing.assert_frame_equal(smp.reset_index(drop=True), want.reset_index(drop=True), check_exact=True)
+    assert policy == "fcfs" or smp["debt_ms"].max() > 0 and smp["rejected"].max() > 0
+    # from an offset: the same rows
+    _, late = replay_samples(run.gate.spec, run.gate.log, 500.0, start_ms=6000.0, end_ms=15000.0, replicas=2)
+    pd.testing.assert_frame_equal(late.reset_index(drop=True),
+                                  want[want["t_ms"] >= 6000.0].reset_index(drop=True), check_exact=True)
+    with pytest.raises(ValueError, match="sample_ms"):
+        replay_samples(run.gate.spec, run.gate.log, 0)
+
+
 def test_bad_replica_events_name_the_field():
     df = _table(5)
     with pytest.raises(ValueError, match="replica"):
         simulate_gateway(df, fairlib.Engine(), 2, events=[(1.0, 2, "down")])
     with pytest.raises(ValueError, match="down"):
         simulate_gateway(df, fairlib.Engine(), 2, events=[(1.0, 0, "off")])
+
+
+def test_kv_capacity_from_vllm_metrics():
+    """vLLM states its cache in an info sample's labels: 1,234 blocks of 16 tokens hold 19,744."""
+    text = ("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+            "# TYPE vllm:cache_config_info gauge\n"
+            'vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="False",'
+            'gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="1234",swap_space="4"} 1.0\n'
+            'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0\n')
+    assert pools.kv_capacity_from_metrics(text) == {"num_gpu_blocks": 1234, "block_size": 16, "tokens": 19744}
+    with pytest.raises(ValueError, match="no vllm:cache_config_info"):
+        pools.kv_capacity_from_metrics("vllm:num_requests_running 0\n")
+    with pytest.raises(ValueError, match=r"no label\(s\) \['num_gpu_blocks'\]"):
+        pools.kv_capacity_from_metrics('vllm:cache_config_info{block_size="16"} 1.0\n')
+    with pytest.raises(ValueError, match="must be integers"):
+        pools.kv_capacity_from_metrics('vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n')

@@ -464,6 +464,7 @@ class Gateway:
                 "finishing": self.finishing,
                 "estimator": None if self.estimator is None else self.estimator.state(),
                 "late_finishes": self.late_finishes,
+                "replicas_available": sum(u.available for u in self.upstreams),
                 "upstreams": [{"url": u.url, "healthy": u.healthy, "drained": u.drained, "in_flight": len(u.in_flight),
                                "max_inflight": u.max_inflight, "dispatched": u.dispatched, "failures": u.failures,
                                "steps": u.tracker.steps, "step_tol_ms": u.tracker.tol_ms} for u in self.upstreams],

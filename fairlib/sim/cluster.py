@@ -31,7 +31,7 @@ import pandas as pd
 
 from fairlib.sim import loop
 from fairlib.sim.engine import Engine
-from fairlib.sim.gate import PolicyGate
+from fairlib.sim.gate import PolicyGate, sample_rows
 from fairlib.sim.online import OnlineEngine
 from fairlib.sim.simulate import request_columns
 from fairlib.sim.state import CHARGED
@@ -68,10 +68,13 @@ def _events(events, replicas: int):
 
 def simulate_gateway(requests, engine: Optional[Engine] = None, replicas: int = 1, policy="fcfs",
                      policy_params: Optional[dict] = None, events: Sequence = (), horizon_ms: Optional[float] = None,
-                     n_tenants: Optional[int] = None, sample_ms: Optional[float] = 1000.0) -> GatewayRun:
+                     n_tenants: Optional[int] = None, sample_ms: Optional[float] = 1000.0,
+                     record: bool = False) -> GatewayRun:
     """Run ``requests`` (arrival_ms, tenant, prompt_tokens, output_tokens; est_output_tokens, klass,
     priority optional) through a gateway with ``policy`` in front of ``replicas`` replicas of
-    ``engine`` (module docstring). ``horizon_ms``: stop there (None: when everything has ended)."""
+    ``engine`` (module docstring). ``horizon_ms``: stop there (None: when everything has ended).
+    ``record``: the gate keeps its event log (``res.gate.log``, what a live gateway serves at
+    ``/admin/events``)."""
     engine = Engine() if engine is None else engine
     if engine.batching != "continuous":
         raise ValueError("simulate_gateway: the replicas must batch continuously (engine.batching='continuous')")
@@ -93,7 +96,7 @@ def simulate_gateway(requests, engine: Optional[Engine] = None, replicas: int = 
     horizon = math.inf if horizon_ms is None else float(horizon_ms)
     gate = PolicyGate(policy, n_tenants=n_t, slots=engine.max_batch * replicas,
                       prefill_ms_per_token=engine.prefill_ms_per_token, n_classes=max(n_classes, 4),
-                      capacity=max(n, 1), **(policy_params or {}))
+                      capacity=max(n, 1), record=record, **(policy_params or {}))
     missing = [c for c in gate.policy.needs if c not in cols and not (c == "priority" and "klass" in cols)]
     if missing:
         raise ValueError(f"policy {gate.policy.name!r} needs the requests column(s) {missing}")
@@ -147,22 +150,12 @@ def simulate_gateway(requests, engine: Optional[Engine] = None, replicas: int = 
             dispatched[i], where[i] = t, best
             to_start.add(best)
 
-    sample_rows: list = []
+    sample_rows_: list = []
     next_sample = 0.0 if sample_ms else math.inf
-    pool_state = getattr(gate.policy, "pool_state", None)
     rej_count = np.zeros(n_t, np.int64)
 
     def sample(t_s: float) -> None:
-        ts = gate.tenant_state()
-        ps = pool_state(gate.pf, n_t, t_s, ts["waiting"]) if pool_state is not None else None
-        for j in range(n_t):
-            row = {"t_ms": t_s, "tenant": j, "machine_ms": float(ts["machine_ms"][j]),
-                   "output_tokens": int(ts["output_tokens"][j]), "waiting": int(ts["waiting"][j]),
-                   "in_flight": int(ts["in_flight"][j]), "rejected": int(rej_count[j]),
-                   "replicas": sum(healthy)}
-            if ps is not None:
-                row.update(reserved_ms=float(ps["reserved_ms"][j]), debt_ms=float(ps["debt_ms"][j]))
-            sample_rows.append(row)
+        sample_rows_.extend(sample_rows(gate, t_s, rej_count, sum(healthy)))
 
     end = 0.0
     while q:
@@ -220,4 +213,4 @@ def simulate_gateway(requests, engine: Optional[Engine] = None, replicas: int = 
     out = out.assign(rejected=rejected, retry_after_ms=retry, dispatched_ms=dispatched, replica=where,
                      first_token_ms=first, finish_ms=finish, generated=generated)
     out["charged_ms"] = [float(gate.S.RF[CHARGED, r]) if r >= 0 else 0.0 for r in gid]
-    return GatewayRun(out, pd.DataFrame(sample_rows), gate, end)
+    return GatewayRun(out, pd.DataFrame(sample_rows_), gate, end)

@@ -29,6 +29,7 @@ import math
 from typing import Optional, Sequence
 
 import numpy as np
+import pandas as pd
 
 from fairlib.sim import observed
 from fairlib.sim.online import append_request
@@ -57,7 +58,7 @@ from fairlib.sim.state import (
     allocate,
 )
 
-__all__ = ["PolicyGate", "UNKNOWN_OUTPUT", "replay"]
+__all__ = ["PolicyGate", "UNKNOWN_OUTPUT", "replay", "replay_samples", "sample_rows"]
 
 #: RI[OUTPUT] of a request in flight: the gateway does not know its length until it finishes
 UNKNOWN_OUTPUT = 1 << 40
@@ -137,16 +138,16 @@ class PolicyGate:
 
     def set_replicas(self, replicas: int, t_ms: float) -> None:
         """The pool's capacity becomes ``replicas`` replicas at ``t_ms`` (a policy with
-        ``apply_replicas``, token_pool; others ignore it): its debts are brought to ``t_ms`` at the
-        old capacity first."""
+        ``apply_replicas``, token_pool; others ignore it, and only log it): its debts are brought
+        to ``t_ms`` at the old capacity first."""
         t = _check_time("t_ms", t_ms)
+        if self.record:          # every policy's log: when capacity changed is part of the run
+            self.log.append(["replicas", t, int(replicas)])
         fn = getattr(self.policy, "apply_replicas", None)
         if fn is None:
             return
         observed.clock(self.S, self.policy.pid, self.pf, self.pi, t)
         fn(self.pf, replicas)
-        if self.record:
-            self.log.append(["replicas", t, int(replicas)])
 
     def observe(self, ids: Sequence[int], tokens: Sequence[int], finished: Sequence[bool], dt_ms: float,
                 t_ms: float) -> float:
@@ -240,32 +241,91 @@ class PolicyGate:
         return None if ms is None else max(0.0, ms) / 1e3
 
 
+def _gate_of(spec: dict) -> PolicyGate:
+    s = dict(spec)
+    return PolicyGate(s["policy"], n_tenants=s["n_tenants"], slots=s["slots"],
+                      prefill_ms_per_token=s["prefill_ms_per_token"], n_classes=s["n_classes"],
+                      priority_levels=s["priority_levels"], record=True, **s["params"])
+
+
+def _feed(gate: PolicyGate, i: int, ev) -> None:
+    kind = ev[0]
+    if kind == "arrive":
+        _, t, tenant, prompt, est, klass, prio, rid, ok, a = ev
+        got = gate.arrive(tenant, prompt, t, est, klass, prio, arrival_ms=a)
+        if got != (rid, ok):
+            raise ValueError(f"replay: event {i} ({kind}) gave {got}, the log says {(rid, ok)}")
+    elif kind == "admit":
+        _, t, cap, ids = ev
+        got = gate.admit(t, cap)
+        if got != list(ids):
+            raise ValueError(f"replay: event {i} (admit at {t} ms) admitted {got}, the log says {list(ids)}")
+    elif kind == "step":
+        _, t, dt, ids, toks, fin = ev
+        gate.observe(ids, toks, fin, dt, t)
+    elif kind == "withdraw":
+        gate.withdraw(ev[2], ev[1])
+    elif kind == "replicas":
+        gate.set_replicas(ev[2], ev[1])
+    else:
+        raise ValueError(f"replay: event {i} has an unknown kind {kind!r}")
+
+
 def replay(spec: dict, log: Sequence) -> PolicyGate:
     """A fresh gate (``spec``: a gate's ``spec``) fed ``log``'s events; ``ValueError`` naming the
     first event whose outcome differs from the one recorded (id, acceptance, admitted ids)."""
-    s = dict(spec)
-    gate = PolicyGate(s["policy"], n_tenants=s["n_tenants"], slots=s["slots"],
-                      prefill_ms_per_token=s["prefill_ms_per_token"], n_classes=s["n_classes"],
-                      priority_levels=s["priority_levels"], record=True, **s["params"])
+    gate = _gate_of(spec)
     for i, ev in enumerate(log):
-        kind = ev[0]
-        if kind == "arrive":
-            _, t, tenant, prompt, est, klass, prio, rid, ok, a = ev
-            got = gate.arrive(tenant, prompt, t, est, klass, prio, arrival_ms=a)
-            if got != (rid, ok):
-                raise ValueError(f"replay: event {i} ({kind}) gave {got}, the log says {(rid, ok)}")
-        elif kind == "admit":
-            _, t, cap, ids = ev
-            got = gate.admit(t, cap)
-            if got != list(ids):
-                raise ValueError(f"replay: event {i} (admit at {t} ms) admitted {got}, the log says {list(ids)}")
-        elif kind == "step":
-            _, t, dt, ids, toks, fin = ev
-            gate.observe(ids, toks, fin, dt, t)
-        elif kind == "withdraw":
-            gate.withdraw(ev[2], ev[1])
-        elif kind == "replicas":
-            gate.set_replicas(ev[2], ev[1])
-        else:
-            raise ValueError(f"replay: event {i} has an unknown kind {kind!r}")
+        _feed(gate, i, ev)
     return gate
+
+
+def sample_rows(gate: PolicyGate, t_ms: float, rejected: Sequence[int], replicas: int) -> list:
+    """One row per tenant of the gate's state at ``t_ms``: machine ms charged, output tokens,
+    waiting, in flight, ``rejected`` (the caller's count), ``replicas``; a pool policy's
+    ``reserved_ms`` and ``debt_ms`` brought to ``t_ms`` (its ``pool_state``)."""
+    ts = gate.tenant_state()
+    n = gate.n_tenants
+    fn = getattr(gate.policy, "pool_state", None)
+    ps = fn(gate.pf, n, t_ms, ts["waiting"]) if fn is not None else None
+    rows = []
+    for j in range(n):
+        row = {"t_ms": t_ms, "tenant": j, "machine_ms": float(ts["machine_ms"][j]),
+               "output_tokens": int(ts["output_tokens"][j]), "waiting": int(ts["waiting"][j]),
+               "in_flight": int(ts["in_flight"][j]), "rejected": int(rejected[j]), "replicas": int(replicas)}
+        if ps is not None:
+            row.update(reserved_ms=float(ps["reserved_ms"][j]), debt_ms=float(ps["debt_ms"][j]))
+        rows.append(row)
+    return rows
+
+
+def replay_samples(spec: dict, log: Sequence, sample_ms: float, start_ms: float = 0.0,
+                   end_ms: Optional[float] = None, replicas: Optional[int] = None):
+    """A recorded log replayed (as :func:`replay`, checked event by event) and sampled every
+    ``sample_ms`` from ``start_ms`` to ``end_ms`` (default: the last event): the rows of
+    :func:`sample_rows`, the state before each sample instant's events (as
+    ``fairlib.sim.cluster.simulate_gateway`` samples), with the requests rejected so far and the
+    replicas taking requests (``replicas``, default the spec's ``replicas`` parameter or 1; then
+    each ``replicas`` event). Returns ``(gate, samples)``."""
+    if not (isinstance(sample_ms, (int, float)) and math.isfinite(sample_ms) and sample_ms > 0):
+        raise ValueError(f"sample_ms must be a number > 0, got {sample_ms!r}")
+    gate = _gate_of(spec)
+    rejected = np.zeros(gate.n_tenants, np.int64)
+    replicas = int(replicas if replicas is not None else dict(spec["params"]).get("replicas", 1))
+    end = float(end_ms) if end_ms is not None else (float(log[-1][1]) if len(log) else float(start_ms))
+    rows: list = []
+    nxt = float(start_ms)
+    for i, ev in enumerate(log):
+        while nxt <= min(float(ev[1]), end):
+            if nxt >= start_ms:
+                rows += sample_rows(gate, nxt, rejected, replicas)
+            nxt += sample_ms
+        _feed(gate, i, ev)
+        if ev[0] == "arrive" and not ev[8]:
+            rejected[ev[2]] += 1
+        elif ev[0] == "replicas":
+            replicas = int(ev[2])
+    while nxt <= end:
+        rows += sample_rows(gate, nxt, rejected, replicas)
+        nxt += sample_ms
+    return gate, pd.DataFrame(rows)
