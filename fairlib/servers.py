@@ -52,23 +52,35 @@ async def start_app(app, host: str, port: int):
     return runner, runner.addresses[0][1]
 
 
-def run_until_signal(start: Callable[[], Awaitable], announce: Optional[Callable[[int], str]] = None) -> None:
+def run_until_signal(start: Callable[[], Awaitable], announce: Optional[Callable[[int], str]] = None,
+                     drain: Optional[Callable[[object], Awaitable]] = None) -> None:
     """``await start()`` (an aiohttp ``(runner, port)``), print ``announce(port)``, run until a stop
-    signal, then clean the runner up."""
+    signal, then clean the runner up. ``drain``: awaited with the runner after the first signal,
+    before the clean-up (a server finishing what it holds); a second signal ends it at once."""
 
     async def main():
         runner, port = await start()
         if announce is not None:
             print(announce(port), flush=True)
-        stop = asyncio.Event()
+        stop, again = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal():
+            (again if stop.is_set() else stop).set()
+
         for sig in STOP_SIGNALS:
             try:
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, on_signal)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
         try:
             await stop.wait()
+            if drain is not None:
+                task = asyncio.ensure_future(drain(runner))
+                second = asyncio.ensure_future(again.wait())
+                await asyncio.wait({task, second}, return_when=asyncio.FIRST_COMPLETED)
+                for f in (task, second):
+                    f.cancel()
         finally:
             await runner.cleanup()
 

@@ -16,6 +16,7 @@ After every test no slot is held and nothing waits (the ``idle`` check).
 """
 import collections
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -504,6 +505,44 @@ def test_residency_from_the_streams_matches_the_engine_models_charge(tmp_path):
         share_err = np.abs(got / got.sum() - want / want.sum()) * 100
         assert share_err.max() < 2.0, (names, got, want)
         assert got.sum() == pytest.approx(want.sum(), rel=0.1)
+
+
+def test_sigterm_drains_the_streams_in_flight_and_refuses_new_ones():
+    """SIGTERM to ``fairlib gateway``: a stream in flight runs to its end (every token and
+    ``[DONE]``), one waiting for a slot is still served, a new request is 503 ``shutting_down``
+    with Retry-After and ``/health`` 503 meanwhile; then the process exits 0."""
+    eng = ["--iter-base-ms", "25", "--iter-slope-ms", "0", "--max-batch", "1", "--model", "sim-model"]
+    with ServerProcess(eng) as srv, GatewayProcess(["--upstream", srv.base_url, "--max-inflight", "1"]) as gw:
+        got = {}
+
+        def send(k, n):
+            got[k] = post(gw.base_url, "/completions", completion(n), {FID: "t"})
+        first = threading.Thread(target=send, args=("running", 60))       # 60 x 25 ms = 1.5 s
+        first.start()
+        deadline = time.monotonic() + 10
+        while gw.state()["in_flight"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        second = threading.Thread(target=send, args=("waiting", 4))
+        second.start()
+        while gw.state()["waiting"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gw.proc.send_signal(signal.SIGTERM)
+        while not gw.state()["stopping"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        status, headers, body = post(gw.base_url, "/completions", completion(3), {FID: "t"})
+        assert status == 503 and headers["x-fairlib-rejected-reason"] == "shutting_down" and headers["Retry-After"] == "1"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _opener.open(gw.base_url[:-3] + "/health", timeout=5)
+        assert e.value.code == 503
+        first.join(20)
+        second.join(20)
+        assert gw.proc.wait(20) == 0
+        for k, n in (("running", 60), ("waiting", 4)):
+            status, _, raw = got[k]
+            events = payloads(raw)
+            assert status == 200 and events[-1] == DONE, (k, status, raw[-300:])
+            text = [e for e in events if e is not DONE and e.get("choices")]
+            assert len(text) == n, (k, len(text))
 
 
 # --- the command line ----------------------------------------------------------------------------------

@@ -22,7 +22,9 @@ or the tenant's, ``klass`` from the tenant. Upstream, every request is streamed 
 stream gets one JSON answer assembled from it, a client that did not ask for usage gets no usage
 chunk. Answers the gateway makes itself are OpenAI error JSON: 400 (bad body), 401 (no tenant),
 429 (queue cap, the policy: with ``Retry-After``), 502 (upstream unreachable or broken), 503 (no
-healthy upstream, queue timeout: with ``Retry-After``), and carry ``x-fairlib-rejected-reason``.
+healthy upstream, queue timeout, shutting down after a stop signal: with ``Retry-After``), and
+carry ``x-fairlib-rejected-reason``. A stop signal (SIGTERM, SIGINT, SIGHUP) drains: no new
+request, ``/health`` 503, those waiting and in flight run to their end (``--drain-timeout-s``).
 An upstream's own error status and JSON are passed back as they are. Upstream, the tenant's name
 goes as ``x-llm-d-inference-fairness-id`` and ``X-Tenant`` (for the engine's own logs; ``fairlib
 serve`` tells tenants apart by the latter). A client that goes away
@@ -339,6 +341,11 @@ def make_app(gw: Gateway) -> web.Application:
             return error_response(400, f"the request body is not valid JSON: {e}", "BadRequestError")
         except RecursionError:
             return error_response(400, "the request body is not valid JSON: nested too deeply", "BadRequestError")
+        if gw.stopping:
+            r = error_response(503, "the gateway is shutting down: it takes no new request", error_type(503))
+            r.headers["Retry-After"] = "1"
+            r.headers["x-fairlib-rejected-reason"] = "shutting_down"
+            return r
         try:
             req = parse_body(body, api, request.headers)
         except BadRequest as e:
@@ -502,6 +509,8 @@ def make_app(gw: Gateway) -> web.Application:
         return error_response(503, "no healthy upstream answered /v1/models", error_type(503))
 
     async def health(request):
+        if gw.stopping:
+            return error_response(503, "the gateway is shutting down", error_type(503))
         if any(u.available for u in gw.upstreams):
             return web.Response(status=200)
         return error_response(503, "no upstream takes requests (unhealthy or drained)", error_type(503))

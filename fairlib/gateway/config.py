@@ -242,7 +242,8 @@ class GatewayConfig:
     with B the upstream's slots, unless ``decode_price_ms`` is given.
     ``health_interval_s``: how often each upstream's ``/health`` is asked; ``health_failures``
     misses in a row take it out, one answer puts it back. ``record_events``: keep the policy's
-    event log (``/admin/events``; the replay test and the chapters read it).
+    event log (``/admin/events``; the replay test and the chapters read it). ``drain_timeout_s``:
+    after a stop signal, how long those waiting and in flight may still take (no new request).
     """
 
     upstreams: tuple = ()
@@ -267,6 +268,7 @@ class GatewayConfig:
     estimator: Optional[str] = None
     estimator_key: str = "category"
     cost_model: Optional[dict] = None
+    drain_timeout_s: float = 30.0
 
     def __post_init__(self):
         ups = self.upstreams
@@ -297,11 +299,12 @@ class GatewayConfig:
         if self.max_queue is not None and (isinstance(self.max_queue, bool) or not isinstance(self.max_queue, int)
                                            or self.max_queue < 0):
             raise ValueError(f"--max-queue must be an integer >= 0, got {self.max_queue!r}")
-        for name in ("queue_timeout_s", "health_interval_s", "request_timeout_s", "prefill_ms_per_token"):
+        for name in ("queue_timeout_s", "health_interval_s", "request_timeout_s", "prefill_ms_per_token",
+                     "drain_timeout_s"):
             v = getattr(self, name)
             if v is None and name == "queue_timeout_s":
                 continue
-            positive = name != "prefill_ms_per_token"
+            positive = name not in ("prefill_ms_per_token", "drain_timeout_s")
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
                     or (positive and v == 0):
                 rel = "> 0" if positive else ">= 0"
@@ -346,4 +349,5 @@ class GatewayConfig:
                 "upstream_api_key": "<set>" if self.upstream_api_key else None,
                 "api_key": "<set>" if self.api_key else None, "request_timeout_s": self.request_timeout_s,
                 "record_events": self.record_events, "n_classes": self.n_classes, "estimator": self.estimator,
-                "estimator_key": self.estimator_key, "cost_model": self.cost_model}
+                "estimator_key": self.estimator_key, "cost_model": self.cost_model,
+                "drain_timeout_s": self.drain_timeout_s}

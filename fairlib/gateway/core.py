@@ -118,6 +118,7 @@ class Gateway:
         self.finishing = 0               # finished streams whose step has not closed yet
         self._timers: dict = {}
         self.late_finishes = 0
+        self.stopping = False            # a stop signal came: no new request, the rest drain
         self.policy_name, self.policy_params = cfg.policy, cfg.effective_policy_params()
         self.gate = self._new_gate(cfg.policy, self.policy_params)
         self.estimator = self._new_estimator()
@@ -464,7 +465,7 @@ class Gateway:
                 "finishing": self.finishing,
                 "estimator": None if self.estimator is None else self.estimator.state(),
                 "late_finishes": self.late_finishes,
-                "replicas_available": sum(u.available for u in self.upstreams),
+                "replicas_available": sum(u.available for u in self.upstreams), "stopping": self.stopping,
                 "upstreams": [{"url": u.url, "healthy": u.healthy, "drained": u.drained, "in_flight": len(u.in_flight),
                                "max_inflight": u.max_inflight, "dispatched": u.dispatched, "failures": u.failures,
                                "steps": u.tracker.steps, "step_tol_ms": u.tracker.tol_ms} for u in self.upstreams],

@@ -2,9 +2,11 @@
 (tests), or in a child process (chapters, benchmarks), and its command-line arguments."""
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import sys
+import time
 from typing import Optional
 
 from fairlib.gateway.app import GATEWAY, make_app
@@ -15,7 +17,7 @@ from fairlib.servers import ChildServer, ThreadServer, port_number, run_until_si
 from fairlib.sim.policies import parse_policy_param
 
 __all__ = ["READY_PREFIX", "start", "serve_forever", "GatewayThread", "GatewayProcess", "add_arguments",
-           "config_from_args", "gateway_from_args"]
+           "config_from_args", "gateway_from_args", "drain"]
 
 READY_PREFIX = "fairlib gateway: listening on "
 
@@ -32,9 +34,24 @@ def describe(cfg: GatewayConfig, port: int) -> str:
     return f"{READY_PREFIX}http://{cfg.host}:{port}/v1 (policy {cfg.policy}{params}; {tenants}; upstreams {ups})"
 
 
+async def drain(runner, timeout_s: float) -> None:
+    """After a stop signal: take no new request (503 with Retry-After, ``/health`` 503) and wait
+    up to ``timeout_s`` for those waiting and in flight to end (their streams run to the end)."""
+    gw = runner.app[GATEWAY]
+    gw.stopping = True
+    deadline = time.monotonic() + timeout_s
+    while not gw.idle() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if not gw.idle():
+        print(f"fairlib gateway: {gw.gate.in_flight} in flight and {gw.gate.waiting} waiting after "
+              f"{timeout_s:g} s of draining: stopping them", file=sys.stderr, flush=True)
+
+
 def serve_forever(cfg: GatewayConfig, announce: bool = True) -> None:
-    """Run until SIGINT/SIGTERM/SIGHUP. Prints one ready line (``READY_PREFIX`` + base URL)."""
-    run_until_signal(lambda: start(cfg), (lambda port: describe(cfg, port)) if announce else None)
+    """Run until SIGINT/SIGTERM/SIGHUP, then drain (:func:`drain`, ``cfg.drain_timeout_s``; a
+    second signal stops at once). Prints one ready line (``READY_PREFIX`` + base URL)."""
+    run_until_signal(lambda: start(cfg), (lambda port: describe(cfg, port)) if announce else None,
+                     drain=lambda runner: drain(runner, cfg.drain_timeout_s))
 
 
 class _Admin:
@@ -130,6 +147,9 @@ def add_arguments(p) -> None:
                         "x-fairlib-category header, tier from the tenants file or x-fairlib-tier")
     p.add_argument("--estimator-key", choices=["category", "tier"], default="category",
                    help="what the estimator's bias factor follows (default category)")
+    p.add_argument("--drain-timeout-s", type=float, default=30.0,
+                   help="after SIGTERM/SIGINT/SIGHUP: take no new request (503) and let those waiting and in "
+                        "flight end for at most this long, then stop (a second signal stops at once); default 30")
 
 
 def config_from_args(a) -> GatewayConfig:
@@ -150,6 +170,7 @@ def config_from_args(a) -> GatewayConfig:
                          queue_timeout_s=a.queue_timeout_s, step_tol_ms=st, health_interval_s=a.health_interval_s,
                          upstream_api_key=a.upstream_api_key or None, api_key=a.api_key or None,
                          record_events=not a.no_events, estimator=a.estimator, estimator_key=a.estimator_key,
+                         drain_timeout_s=a.drain_timeout_s,
                          cost_model=({k: engine[k] for k in ("iter_base_ms", "iter_slope_ms", "prefill_ms_per_token",
                                                              "max_batch") if engine.get(k) is not None} or None))
 
