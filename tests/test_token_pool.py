@@ -248,8 +248,9 @@ def test_a_withdrawn_request_leaves_the_queue():
 # --- validation ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("bad, match", [
     ({"classes": ["gold"]}, "classes"),
-    ({"shares": [0.7, 0.6]}, "add up"),
-    ({"classes": ["spot", "elastic"], "shares": [0.2, 0.5]}, "spot"),
+    ({"shares": [0.7, 0.6]}, r"add up to 1.3, .*: tenant 0 0.7, tenant 1 0.6"),
+    ({"classes": ["spot", "elastic"], "shares": [0.2, 0.5]}, r"shares\[0\] \(tenant 0, spot\) must be 0"),
+    ({"shares": [1.5, 0.0]}, r"shares\[0\] = 1.5"),
     ({"shares": [0.5]}, "shares"),
     ({"decode_price_ms": 0.0}, "decode_price_ms"),
     ({"pool_horizon_ms": -1.0}, "pool_horizon_ms"),

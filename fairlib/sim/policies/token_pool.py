@@ -290,13 +290,15 @@ class TokenPool(Policy):
         if len(shares) != len(classes):
             raise ValueError(f"policy {n!r}: 'shares' needs one value per entry of 'classes' ({len(classes)}), "
                              f"got {len(shares)}")
-        for c, s in zip(classes, shares):
+        for i, (c, s) in enumerate(zip(classes, shares)):
             if s > 1:
-                raise ValueError(f"policy {n!r}: parameter 'shares' must lie in 0..1, got {s!r}")
+                raise ValueError(f"policy {n!r}: parameter 'shares' must lie in 0..1, got shares[{i}] = {s!r}")
             if c == "spot" and s != 0:
-                raise ValueError(f"policy {n!r}: a spot tenant has no entitlement: its share must be 0, got {s!r}")
+                raise ValueError(f"policy {n!r}: a spot tenant has no entitlement: shares[{i}] (tenant {i}, spot) "
+                                 f"must be 0, got {s!r}")
         if sum(shares) > 1 + 1e-9:
-            raise ValueError(f"policy {n!r}: the shares add up to {sum(shares):g}, more than the pool (1)")
+            raise ValueError(f"policy {n!r}: the shares add up to {sum(shares):g}, more than the pool (1): "
+                             + ", ".join(f"tenant {i} {s:g}" for i, s in enumerate(shares) if s))
         slo = v["slo_ms"]
         slo = [math.inf] * len(classes) if slo is None else \
             [math.inf if x is None or x == math.inf else check_number(n, "slo_ms", x, 0.0, strict=True)
