@@ -378,3 +378,46 @@ def test_kv_capacity_from_vllm_metrics():
         pools.kv_capacity_from_metrics('vllm:cache_config_info{block_size="16"} 1.0\n')
     with pytest.raises(ValueError, match="must be integers"):
         pools.kv_capacity_from_metrics('vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n')
+
+
+def test_a_limit_counted_after_the_response_lets_a_burst_through():
+    """Limit 100 machine-ms per 1 s window, each request costs u O = 10 x 5 = 50: the four sent at
+    once all pass (nothing is counted until one finishes, at 50 ms), the window counts 200 (2x
+    the limit); one at 500 ms is refused until the next window (Retry-After 500 ms); one at 1 s
+    passes. ``simulate_gateway`` applies it in front of the gate."""
+    from fairlib.sim.limiters import CountAfterResponse
+
+    eng = fairlib.Engine(10.0, 0.0, 0.0, 4)
+    df = pd.DataFrame({"arrival_ms": [0.0, 0.0, 0.0, 0.0, 500.0, 1000.0], "tenant": [0] * 6,
+                       "prompt_tokens": [3] * 6, "output_tokens": [5] * 6})
+    lim = CountAfterResponse([100.0], 1000.0, prefill_price_ms=0.0, decode_price_ms=10.0)
+    run = simulate_gateway(df, eng, 1, "fcfs", n_tenants=1, sample_ms=None, limiter=lim)
+    req = run.requests
+    assert list(req["rejected"]) == [False, False, False, False, True, False]
+    assert list(req["finish_ms"][:4]) == [50.0] * 4 and req["retry_after_ms"][4] == 500.0
+    assert req["finish_ms"][5] == 1050.0 and lim.used[0] == 50.0 and lim.window[0] == 1
+    # what the first window counted: the four, 2x the limit
+    lim2 = CountAfterResponse([100.0], 1000.0, 0.0, 10.0)
+    simulate_gateway(df.iloc[:5], eng, 1, "fcfs", n_tenants=1, sample_ms=None, limiter=lim2)
+    assert lim2.used[0] == 200.0
+    with pytest.raises(ValueError, match="limits_ms"):
+        CountAfterResponse([0.0], 1000.0, 0.0, 1.0)
+    with pytest.raises(ValueError, match="window_ms"):
+        CountAfterResponse([1.0], 0.0, 0.0, 1.0)
+
+
+def test_overshoot_workload_sends_bursts_of_k_at_twice_the_share():
+    from fairlib.chapters import token_pools as tp
+    eng = fairlib.Engine(4.0, 0.5, 0.0625, 16)
+    df = tp.overshoot_workload(16, eng, seed=3, duration_s=120.0)
+    b = df[df["tenant"] == 0]
+    sizes = b.groupby("arrival_ms").size()
+    assert (sizes == 16).all() and (b["output_tokens"] == tp.BURSTY.output).all()
+    c = eng.prefill_ms_per_token * tp.BURSTY.prompt + pools.decode_price_ms(eng) * tp.BURSTY.output
+    gaps = np.diff(sizes.index.to_numpy())
+    np.testing.assert_allclose(gaps, 16 * c / tp.BURSTY.rho)          # offered machine time: rho = 1.0
+    assert (df.loc[df["tenant"] == 1, "est_output_tokens"] == df.loc[df["tenant"] == 1, "output_tokens"]).all()
+    with pytest.raises(ValueError, match="burst size"):
+        tp.overshoot_workload(0, eng, 0)
+    with pytest.raises(ValueError, match="variant"):
+        tp.overshoot_run(1, "none")

@@ -24,9 +24,11 @@ from fairlib.drift import lognormal_capped_mean
 from fairlib.pools import decode_price_ms, pool_params
 from fairlib.sim.cluster import simulate_gateway
 from fairlib.sim.engine import SEED000_ENGINE, Engine
+from fairlib.sim.limiters import CountAfterResponse
 
 __all__ = ["TenantLoad", "workload", "SPOT_FLOOD", "CAPACITY_LOSS", "flood_run", "flood_runs", "flood_table",
-           "loss_run", "loss_runs", "loss_phase_table", "loss_series", "SEEDS"]
+           "loss_run", "loss_runs", "loss_phase_table", "loss_series", "SEEDS", "BURSTY", "STEADY", "OVERSHOOT_K",
+           "OVERSHOOT_VARIANTS", "overshoot_workload", "overshoot_run", "overshoot_table"]
 
 SEEDS = (0, 1, 2)
 PROMPT_SIGMA, OUTPUT_SIGMA = 0.6, 0.8
@@ -231,3 +233,77 @@ def loss_series(run: dict) -> pd.DataFrame:
     smp = smp.sort_values(["tenant", "t_ms"])
     smp["service"] = smp.groupby("tenant")["machine_ms"].diff(5) / 5000.0
     return smp
+
+
+# --- counting after the response ------------------------------------------------------------------
+#: two elastic tenants with half a replica each: one sends bursts of K identical requests at once,
+#: offering twice its share, the other arrives steadily (Poisson) at 1.2 times its share
+BURSTY = TenantLoad("bursty", "elastic", 0.5, 5000.0, 400, 120, 512, 1.0)
+STEADY = TenantLoad("steady", "elastic", 0.5, 5000.0, 400, 120, 512, 0.6)
+OVERSHOOT_K = (1, 4, 16, 64)
+OVERSHOOT_WINDOW_MS = 60000.0
+OVERSHOOT_DURATION_S = 300.0
+OVERSHOOT_VARIANTS = ("counted after the response", "pool, reserved at admission")
+
+
+def overshoot_workload(K: int, engine: Engine, seed: int, duration_s: float = OVERSHOOT_DURATION_S) -> pd.DataFrame:
+    """The bursty tenant's bursts (``K`` requests of exactly its mean prompt and answer every
+    ``K c / rho`` ms, the first at a seeded offset) and the steady tenant's Poisson arrivals; the
+    reservations are the true answers (no estimate error: what is compared is when each gateway
+    counts)."""
+    if isinstance(K, bool) or not float(K).is_integer() or K < 1:
+        raise ValueError(f"K (the burst size) must be an integer >= 1, got {K!r}")
+    K = int(K)
+    c = engine.prefill_ms_per_token * BURSTY.prompt + decode_price_ms(engine) * BURSTY.output
+    period = K * c / BURSTY.rho
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 7, K]))
+    starts = np.arange(rng.uniform(0, period), duration_s * 1000.0, period)
+    t = np.repeat(starts, K)
+    bursts = pd.DataFrame({"arrival_ms": t, "tenant": 0, "prompt_tokens": np.int64(BURSTY.prompt),
+                           "output_tokens": np.int64(BURSTY.output), "est_output_tokens": np.int64(BURSTY.output)})
+    steady = workload([STEADY], engine, duration_s, seed).assign(tenant=1)
+    steady["est_output_tokens"] = steady["output_tokens"]
+    df = pd.concat([bursts, steady], ignore_index=True).sort_values(["arrival_ms", "tenant"], kind="stable")
+    return df.reset_index(drop=True)
+
+
+def overshoot_run(K: int, variant: str, engine: Engine = SEED000_ENGINE, seed: int = 0) -> dict:
+    """One replica behind a gateway: either a limit of each tenant's share of the window's machine
+    time counted after the response (``fairlib.sim.limiters.CountAfterResponse``, in front of an
+    FCFS gate), or the pool; sampled every second."""
+    if variant not in OVERSHOOT_VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(OVERSHOOT_VARIANTS)}, got {variant!r}")
+    df = overshoot_workload(K, engine, seed)
+    tenants = (BURSTY, STEADY)
+    horizon = OVERSHOOT_DURATION_S * 1000.0
+    if variant.startswith("counted"):
+        lim = CountAfterResponse([t.share * OVERSHOOT_WINDOW_MS for t in tenants], OVERSHOOT_WINDOW_MS,
+                                 engine.prefill_ms_per_token, decode_price_ms(engine))
+        run = simulate_gateway(df, engine, 1, "fcfs", {}, horizon_ms=horizon, n_tenants=2, sample_ms=1000.0,
+                               limiter=lim)
+    else:
+        run = simulate_gateway(df, engine, 1, "token_pool", _pool(tenants, engine), horizon_ms=horizon,
+                               n_tenants=2, sample_ms=1000.0)
+    c = engine.prefill_ms_per_token * BURSTY.prompt + decode_price_ms(engine) * BURSTY.output
+    return {"K": int(K), "variant": variant, "seed": seed, "run": run, "request_ms": c}
+
+
+def overshoot_table(runs: Sequence[dict]) -> pd.DataFrame:
+    """Per burst size and variant: the machine time the bursty tenant got in its largest minute
+    against its entitlement (``e W``, %), that excess in requests' cost (``c``), and the steady
+    tenant's smallest minute against its own entitlement (%); minutes ``[kW, (k+1)W)``."""
+    rows = []
+    for r in runs:
+        smp = r["run"].samples
+        edges = np.arange(0.0, OVERSHOOT_DURATION_S * 1000.0 + 1, OVERSHOOT_WINDOW_MS)
+        got = {}
+        for j, tl in enumerate((BURSTY, STEADY)):
+            m = smp[smp["tenant"] == j].set_index("t_ms")["machine_ms"]
+            per = np.diff(m.reindex(edges).to_numpy(float))
+            got[tl.name] = per / (tl.share * OVERSHOOT_WINDOW_MS)
+        ent = BURSTY.share * OVERSHOOT_WINDOW_MS
+        rows.append({"burst size K": r["K"], "variant": r["variant"],
+                     "bursty: largest minute (% of entitlement)": 100.0 * got["bursty"].max(),
+                     "bursty: excess (requests)": max(0.0, got["bursty"].max() - 1.0) * ent / r["request_ms"],
+                     "steady: smallest minute (% of entitlement)": 100.0 * got["steady"].min()})
+    return pd.DataFrame(rows).set_index(["burst size K", "variant"])

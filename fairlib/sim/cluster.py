@@ -69,12 +69,14 @@ def _events(events, replicas: int):
 def simulate_gateway(requests, engine: Optional[Engine] = None, replicas: int = 1, policy="fcfs",
                      policy_params: Optional[dict] = None, events: Sequence = (), horizon_ms: Optional[float] = None,
                      n_tenants: Optional[int] = None, sample_ms: Optional[float] = 1000.0,
-                     record: bool = False) -> GatewayRun:
+                     record: bool = False, limiter=None) -> GatewayRun:
     """Run ``requests`` (arrival_ms, tenant, prompt_tokens, output_tokens; est_output_tokens, klass,
     priority optional) through a gateway with ``policy`` in front of ``replicas`` replicas of
     ``engine`` (module docstring). ``horizon_ms``: stop there (None: when everything has ended).
     ``record``: the gate keeps its event log (``res.gate.log``, what a live gateway serves at
-    ``/admin/events``)."""
+    ``/admin/events``). ``limiter``: a rate limit in front of the gate
+    (``fairlib.sim.limiters.CountAfterResponse``): an arrival it refuses never reaches the gate
+    (rejected, its Retry-After the limiter's); every finish is reported to it."""
     engine = Engine() if engine is None else engine
     if engine.batching != "continuous":
         raise ValueError("simulate_gateway: the replicas must batch continuously (engine.batching='continuous')")
@@ -178,7 +180,11 @@ def simulate_gateway(requests, engine: Optional[Engine] = None, replicas: int = 
             for r in it.ran:
                 generated[row_of[back[k][int(r)]]] += 1
             for r in fin:
-                finish[row_of[back[k].pop(r)]] = it.end_ms
+                i_f = row_of[back[k].pop(r)]
+                finish[i_f] = it.end_ms
+                if limiter is not None:
+                    limiter.finished(int(cols["tenant"][i_f]), int(cols["prompt_tokens"][i_f]),
+                                     int(generated[i_f]), it.end_ms)
             inflight[k] -= len(fin)
             to_start.add(k)
             pump(t)
@@ -189,17 +195,22 @@ def simulate_gateway(requests, engine: Optional[Engine] = None, replicas: int = 
             pump(t)
         else:
             i = idx
-            rid, ok = gate.arrive(int(cols["tenant"][i]), int(cols["prompt_tokens"][i]), t, int(est[i]),
-                                  int(klass[i]), int(prio[i]))
-            gid[i] = rid
-            row_of[rid] = i
-            if not ok:
+            tn = int(cols["tenant"][i])
+            if limiter is not None and not limiter.allow(tn, t):     # refused in front of the gate
                 rejected[i] = True
-                rej_count[cols["tenant"][i]] += 1
-                ra = gate.retry_after_s(int(cols["tenant"][i]), t)
-                retry[i] = np.nan if ra is None else ra * 1e3
+                rej_count[tn] += 1
+                retry[i] = limiter.retry_after_ms(tn, t)
             else:
-                pump(t)
+                rid, ok = gate.arrive(tn, int(cols["prompt_tokens"][i]), t, int(est[i]), int(klass[i]), int(prio[i]))
+                gid[i] = rid
+                row_of[rid] = i
+                if not ok:
+                    rejected[i] = True
+                    rej_count[tn] += 1
+                    ra = gate.retry_after_s(tn, t)
+                    retry[i] = np.nan if ra is None else ra * 1e3
+                else:
+                    pump(t)
         if not q or q[0][0] > t:
             for k in sorted(to_start):
                 if not busy[k] and reps[k].has_work():
