@@ -53,10 +53,12 @@ async def start_app(app, host: str, port: int):
 
 
 def run_until_signal(start: Callable[[], Awaitable], announce: Optional[Callable[[int], str]] = None,
-                     drain: Optional[Callable[[object], Awaitable]] = None) -> None:
+                     drain: Optional[Callable[[object], Awaitable]] = None) -> bool:
     """``await start()`` (an aiohttp ``(runner, port)``), print ``announce(port)``, run until a stop
     signal, then clean the runner up. ``drain``: awaited with the runner after the first signal,
-    before the clean-up (a server finishing what it holds); a second signal ends it at once."""
+    before the clean-up (a server finishing what it holds; it returns whether it finished); a
+    second signal ends it at once. Returns False when a drain did not finish (cut by its own
+    timeout, a second signal, or an error), else True."""
 
     async def main():
         runner, port = await start()
@@ -73,18 +75,28 @@ def run_until_signal(start: Callable[[], Awaitable], announce: Optional[Callable
                 loop.add_signal_handler(sig, on_signal)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
+        clean = True
         try:
             await stop.wait()
             if drain is not None:
                 task = asyncio.ensure_future(drain(runner))
                 second = asyncio.ensure_future(again.wait())
                 await asyncio.wait({task, second}, return_when=asyncio.FIRST_COMPLETED)
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    clean = bool(task.result())
+                else:
+                    clean = False
+                    if task.done() and not task.cancelled():
+                        print(f"drain failed: {task.exception()!r}", file=sys.stderr, flush=True)
+                    else:
+                        print("a second stop signal: stopping at once", file=sys.stderr, flush=True)
                 for f in (task, second):
                     f.cancel()
         finally:
             await runner.cleanup()
+        return clean
 
-    asyncio.run(main())
+    return asyncio.run(main())
 
 
 class LocalServer:
@@ -254,10 +266,14 @@ class ChildServer(LocalServer):
         if p is None:
             return
         if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
+            p.send_signal(signal.SIGTERM)      # a server that drains finishes what it holds ...
             try:
                 p.wait(10)
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+                p.send_signal(signal.SIGTERM)  # ... a second signal stops it at once
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(5)
         self.proc = None

@@ -340,3 +340,26 @@ def test_run_steps_engine_with_one_batch_size_keeps_the_fitted_slope(tmp_path):
     run = SimpleNamespace(path=str(tmp_path), extra={"sim_engine": Engine(2.0, 0.5, 0.25, 4).to_dict()})
     e = ds.run_steps_engine(run)
     assert (e.iter_base_ms, e.iter_slope_ms) == pytest.approx((8.0, 0.5))      # 10 = 8 + 0.5 * 4
+
+
+@pytest.mark.parametrize("steps, want", [
+    (((10.0, 2), (6.0, 4)), (8.0, 0.0)),            # falls with the batch: the mean step (weights 1, 1)
+    (((1.0, 2), (9.0, 4)), (0.0, 1.9)),             # crosses zero: through the origin, b = (2 + 36) / 20
+    (((1.0, 4),), (0.0, 0.25)),                     # one size, faster than the fit's slope: 1 = 0.25 x 4
+])
+def test_run_steps_engine_never_builds_an_impossible_engine(tmp_path, steps, want):
+    import json as _json
+    from types import SimpleNamespace
+
+    from fairlib.chapters import driftsched as ds
+    from fairlib.sim.engine import Engine
+
+    ev = [{"spec": {}, "tenants": []}]
+    t = 0.0
+    for dt, B in steps:
+        t += dt
+        ev.append(["step", t, dt, list(range(B)), [1] * B, [False] * B])
+    (tmp_path / "gateway_events.jsonl").write_text("".join(_json.dumps(e) + "\n" for e in ev))
+    run = SimpleNamespace(path=str(tmp_path), extra={"sim_engine": Engine(2.0, 0.5, 0.25, 4).to_dict()})
+    e = ds.run_steps_engine(run)
+    assert (e.iter_base_ms, e.iter_slope_ms) == pytest.approx(want)

@@ -15,6 +15,7 @@
 After every test no slot is held and nothing waits (the ``idle`` check).
 """
 import collections
+import http.client
 import json
 import signal
 import socket
@@ -231,7 +232,19 @@ def _concurrently(fn, n):
 def test_queue_cap_and_queue_timeout(upstream):
     gw = gateway([upstream], max_inflight=1, max_queue=1)
     try:
-        got = _concurrently(lambda i: post(gw.base_url, "/completions", completion(40), {FID: "a"}), 3)
+        # two first (one runs, one waits: the cap), the third only once the gateway holds both (on a
+        # loaded machine three threads 10 ms apart once arrived after the first had finished)
+        got = []
+        ths = [threading.Thread(target=lambda: got.append(post(gw.base_url, "/completions", completion(150),
+                                                               {FID: "a"}))) for _ in range(2)]
+        for t in ths:
+            t.start()
+        deadline = time.monotonic() + 10
+        while (gw.state()["in_flight"], gw.state()["waiting"]) != (1, 1) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        got.append(post(gw.base_url, "/completions", completion(40), {FID: "a"}))
+        for t in ths:
+            t.join()
         codes = sorted(g[0] for g in got)
         assert codes == [200, 200, 429]
         bad = [g for g in got if g[0] == 429][0]
@@ -543,6 +556,41 @@ def test_sigterm_drains_the_streams_in_flight_and_refuses_new_ones():
             assert status == 200 and events[-1] == DONE, (k, status, raw[-300:])
             text = [e for e in events if e is not DONE and e.get("choices")]
             assert len(text) == n, (k, len(text))
+
+
+@pytest.mark.parametrize("how", ["timeout", "second signal"])
+def test_a_cut_drain_exits_1(how):
+    """A drain that does not finish (its timeout, or a second SIGTERM) stops the streams and the
+    gateway exits 1, not 0: a shutdown that cut requests is not reported as clean."""
+    eng = ["--iter-base-ms", "25", "--iter-slope-ms", "0", "--max-batch", "1", "--model", "sim-model"]
+    drain = "0.3" if how == "timeout" else "60"
+    with ServerProcess(eng) as srv, GatewayProcess(["--upstream", srv.base_url, "--max-inflight", "1",
+                                                    "--drain-timeout-s", drain]) as gw:
+        out = {}
+
+        def send():
+            try:
+                out["answer"] = post(gw.base_url, "/completions", completion(400), {FID: "t"})
+            except Exception as e:     # noqa: BLE001 - the cut stream, asserted below
+                out["error"] = e
+        th = threading.Thread(target=send)
+        th.start()                                      # 400 x 25 ms = 10 s
+        deadline = time.monotonic() + 10
+        while gw.state()["in_flight"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gw.proc.send_signal(signal.SIGTERM)
+        if how == "second signal":
+            while not gw.state()["stopping"] and time.monotonic() < deadline:
+                time.sleep(0.01)
+            gw.proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        assert gw.proc.wait(20) == 1
+        assert time.monotonic() - t0 < 5
+        th.join(20)
+        if "answer" in out:                              # an answer that ended early, without [DONE]
+            assert payloads(out["answer"][2])[-1] is not DONE
+        else:
+            assert isinstance(out["error"], (OSError, http.client.HTTPException)), out
 
 
 # --- the command line ----------------------------------------------------------------------------------

@@ -10,8 +10,7 @@ import pytest
 import fairlib
 from fairlib import pools
 from fairlib.sim.cluster import simulate_gateway
-from fairlib.sim.gate import replay_samples
-from fairlib.sim.gate import PolicyGate, replay
+from fairlib.sim.gate import PolicyGate, replay, replay_samples
 from fairlib.sim.state import AUX
 
 G, E, S = "guaranteed", "elastic", "spot"
@@ -421,3 +420,57 @@ def test_overshoot_workload_sends_bursts_of_k_at_twice_the_share():
         tp.overshoot_workload(0, eng, 0)
     with pytest.raises(ValueError, match="variant"):
         tp.overshoot_run(1, "none")
+
+
+def _fake_pools_run(tmp_path, events, replicas=2, duration_s=90.0):
+    """A saved-run stand-in for the live chapter's analysis: the gateway's state and event log."""
+    import json as _json
+    from types import SimpleNamespace
+    (tmp_path / "gateway.json").write_text(_json.dumps({"t0_wall": 1000.0}))
+    (tmp_path / "gateway_events.jsonl").write_text(
+        "".join(_json.dumps(e) + "\n" for e in [{"spec": {}, "tenants": []}] + events))
+    return SimpleNamespace(path=str(tmp_path), duration_s=duration_s, summary={"start_wall": 1002.0},
+                           extra={"pools": {"replicas": replicas, "duration_s": duration_s}})
+
+
+def test_the_live_outage_is_the_first_loss_to_the_next_full_pool(tmp_path):
+    """Gateway clock 2 s ahead of the run: a drain logged at 27 s is 25 s into the run; a health
+    check that flapped (2 -> 1 -> 2 inside the outage would end it, 1 -> 0 -> 1 does not)."""
+    from fairlib.chapters import token_pools_live as tl
+    run = _fake_pools_run(tmp_path, [["replicas", 27000.0, 1], ["replicas", 40000.0, 0], ["replicas", 41000.0, 1],
+                                     ["replicas", 57000.0, 2]])
+    assert tl.replicas_events(run) == [(25.0, 1), (38.0, 0), (39.0, 1), (55.0, 2)]
+    assert tl.outage(run) == (25.0, 55.0)
+    assert [p[0] for p in tl._phases(run)] == ["before", "one replica", "after"]
+    assert tl._sim_events(run) == [(25000.0, 1, "down"), (38000.0, 0, "down"), (39000.0, 0, "up"),
+                                   (55000.0, 1, "up")]                          # the model follows the count
+    (tmp_path / "b").mkdir()
+    never_back = _fake_pools_run(tmp_path / "b", [["replicas", 12000.0, 1]])
+    assert tl.outage(never_back) == (10.0, 90.0)
+    (tmp_path / "c").mkdir()
+    none = _fake_pools_run(tmp_path / "c", [])
+    assert tl.outage(none) is None and tl._phases(none) == [("whole run", 0.0, 90.0)]
+
+
+def test_limiter_and_kv_errors_name_the_field():
+    from fairlib.sim.limiters import CountAfterResponse
+    lim = CountAfterResponse([10.0, 20.0], 1000.0, 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"tenant must be an index in 0..1"):
+        lim.allow(2, 0.0)
+    assert lim.retry_after_ms(0, 1000.0) == 1000.0 and lim.retry_after_ms(0, 999.0) == 1.0
+    with pytest.raises(ValueError, match="must be >= 1"):
+        pools.kv_capacity_from_metrics('vllm:cache_config_info{block_size="16",num_gpu_blocks="0"} 1.0\n')
+
+
+def test_replay_samples_from_a_fractional_start_keeps_every_instant():
+    """Samples at start + k x step, computed, not accumulated: from 0.1 ms in steps of 0.1 ms up
+    to 1.0 ms there are ten, the last exactly at the end."""
+    gate = PolicyGate("fcfs", n_tenants=1, slots=1, record=True)
+    rid, _ = gate.arrive(0, 1, 0.05)
+    gate.admit(0.05)
+    gate.observe([rid], [1], [True], 0.9, 0.95)
+    _, smp = replay_samples(gate.spec, gate.log, 0.1, start_ms=0.1, end_ms=1.0)
+    assert len(smp) == 10 and smp["t_ms"].iloc[-1] == pytest.approx(1.0)
+    assert list(smp["in_flight"]) == [1] * 9 + [0]
+    with pytest.raises(ValueError, match="end_ms"):
+        replay_samples(gate.spec, gate.log, 0.1, end_ms=float("inf"))

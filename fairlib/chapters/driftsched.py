@@ -318,7 +318,8 @@ def run_steps_engine(run) -> Engine:
     """The engine model with the step times the engine showed in the run: ``dt = a + b B`` by
     least squares over the median step of each batch size ``B >= 2`` (weights: the square root of
     its count), the fit's prefill price and batch limit (one batch size seen: the fit's slope
-    through its median; none: the fitted engine)."""
+    through its median; none: the fitted engine). A line that falls with the batch becomes the
+    mean step; one with a negative intercept the least-squares line through the origin."""
     eng = Engine(**run.extra["sim_engine"])
     st = run_steps(run)
     st = st[st["B"] >= 2]
@@ -331,6 +332,11 @@ def run_steps_engine(run) -> Engine:
         a = float(med.iloc[0]) - b * float(med.index[0])
     else:
         b, a = np.polyfit(med.index.to_numpy(float), med.to_numpy(float), 1, w=np.sqrt(n.to_numpy(float)))
+    if b < 0:           # a noisy line falling with the batch: the mean step, the same at every batch
+        a, b = float(np.average(med.to_numpy(float), weights=n.to_numpy(float))), 0.0
+    if a < 0:           # a line through the medians crossing zero: through the origin instead
+        B = med.index.to_numpy(float)
+        a, b = 0.0, float((med.to_numpy(float) * B * n).sum() / (B * B * n).sum())
     return Engine(float(a), float(b), eng.prefill_ms_per_token, eng.max_batch)
 
 

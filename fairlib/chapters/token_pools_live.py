@@ -65,7 +65,7 @@ from fairlib.sim.gate import replay_samples
 __all__ = ["LIVE_KIND", "REPLICAS", "LIVE_FLOOD", "LIVE_LOSS", "FLOOD_S", "LOSS_DOWN_S", "LOSS_UP_S", "LOSS_END_S",
            "EXPERIMENTS", "live_engine", "tenants_toml", "live_table", "measure", "save_runs", "saved_runs",
            "replicas_events", "flood_live_table", "loss_live_table", "loss_live_series", "simulated", "record",
-           "EST_HEADER", "fit_path_of", "start_replicas", "VARIANT_LABELS", "chapter_runs", "step_ratio", "record_kv", "kv_path"]
+           "EST_HEADER", "fit_path_of", "start_replicas", "VARIANT_LABELS", "chapter_runs", "step_ratio", "outage", "record_kv", "kv_path"]
 
 LIVE_KIND = "llamacpp"
 REPLICAS = 2
@@ -208,7 +208,8 @@ def measure(endpoints: Sequence[str], kind: str, fit_path, *, experiments: Seque
                                            token_id_prompts=tok is not None)
                     gw.set_policy(pol, params)
                     rd = runs_dir / exp / key / f"seed{s}"
-                    more = {"engine_kind": kind, "fit": {"file": fit_label or str(fit_path), "date": fit.get("date")},
+                    more = {"engine_kind": kind, "fit": {"file": fit_label or str(Path(fit_path).resolve()),
+                                                         "date": fit.get("date")},
                             "sim_engine": eng.to_dict(), "loadavg_1m": fd.loadavg(),
                             "pools": {"experiment": exp, "variant": key, "policy": pol, "params": params,
                                       "reserve": reserve, "seed": int(s), "duration_s": duration,
@@ -274,12 +275,16 @@ def replicas_events(run) -> list:
 
 
 def _sim_events(run) -> list:
-    """The logged replica changes as ``simulate_gateway`` events (replica 1 down / up)."""
+    """The logged replica counts as ``simulate_gateway`` events: with ``n`` taking requests the
+    model's replicas ``n..R-1`` are out (the live replica that left is not logged, only the count)."""
     out, prev = [], run.extra["pools"]["replicas"]
     for t_s, n in replicas_events(run):
-        if n != prev:
-            out.append((max(0.0, t_s * 1e3), 1, "down" if n < prev else "up"))
-            prev = n
+        t = max(0.0, t_s * 1e3)
+        if n < prev:
+            out += [(t, k, "down") for k in range(prev - 1, n - 1, -1)]
+        elif n > prev:
+            out += [(t, k, "up") for k in range(prev, n)]
+        prev = n
     return out
 
 
@@ -302,6 +307,13 @@ def simulated(run):
     p = run.extra["pools"]
     st = json.loads((Path(run.path) / "gateway.json").read_text())
     df = _table(run)
+    rec = run.records.sort_values("request_id")
+    same = (len(df) == len(rec) and (df["prompt_tokens"].to_numpy() == rec["prompt_tokens"].to_numpy()).all()
+            and (df["output_tokens"].to_numpy() == rec["max_tokens"].to_numpy()).all())
+    if not same:
+        raise ValueError(f"{run.path}: the schedule rebuilt from its seed and fit ({run.extra['fit']['file']}) is "
+                         f"not the one the run sent ({len(df)} requests against {len(rec)}, or other lengths): "
+                         f"was the fit file changed after the run?")
     eng = Engine(**run.extra["sim_engine"])
     params = st["policy_params"] if p["policy"] != "fcfs" else {}
     return simulate_gateway(df, eng, p["replicas"], p["policy"], params, _sim_events(run),
@@ -375,19 +387,35 @@ def flood_live_table(runs: Sequence) -> pd.DataFrame:
             if p["variant"] == "fcfs":
                 base[(p["seed"], src)] = work
             rows.append(row)
+    if not rows:
+        return pd.DataFrame()
     out = pd.DataFrame(rows)
     out["work served vs FCFS (%)"] = [100.0 * w / base[(s, src)] if (s, src) in base else np.nan
                                       for w, s, src in zip(out["work_ms"], out["seed"], out["source"])]
     return out.drop(columns=["work_ms"]).set_index(["variant", "seed", "source"])
 
 
+def outage(run) -> Optional[tuple]:
+    """``(down_s, up_s)``: the first time the gateway logged fewer replicas taking requests than
+    the run has, and the next time all of them again (``up_s`` the run's end if never); None if it
+    never lost one. Changes in between (a health check that flapped) are inside the outage."""
+    full = run.extra["pools"]["replicas"]
+    down = None
+    for t_s, n in replicas_events(run):
+        if down is None and n < full:
+            down = max(0.0, t_s)
+        elif down is not None and n >= full:
+            return down, t_s
+    return None if down is None else (down, run.extra["pools"]["duration_s"])
+
+
 def _phases(run) -> list:
-    """The run's phases from the replica changes the gateway logged (s into the run)."""
-    ev = _sim_events(run)
+    """The run's phases around its outage (s into the run); the whole run if it had none."""
     dur = run.extra["pools"]["duration_s"]
-    if len(ev) != 2:
+    o = outage(run)
+    if o is None:
         return [("whole run", 0.0, dur)]
-    a, b = ev[0][0] / 1e3, ev[1][0] / 1e3
+    a, b = o
     return [("before", 0.0, a), ("one replica", a, b), ("after", b, dur)]
 
 
@@ -432,8 +460,10 @@ def loss_live_table(runs: Sequence) -> pd.DataFrame:
                 ta, tb = np.floor(a), np.floor(b)
                 inph = (q["send_s"] >= a) & (q["send_s"] < b)
                 for j, t in enumerate(p["tenants"]):
-                    m = smp[smp["tenant"] == t["name"]].set_index("t_s")["machine_ms"]
-                    served = (m.loc[tb] - m.loc[ta]) / ((tb - ta) * 1e3) if tb > ta else np.nan
+                    m = smp[smp["tenant"] == t["name"]].set_index("t_s")["machine_ms"].sort_index()
+                    # the state at a second the samples lack (a simulation that ended earlier) is its last
+                    at = m.reindex(m.index.union([ta, tb])).ffill().fillna(0.0)
+                    served = (at.loc[tb] - at.loc[ta]) / ((tb - ta) * 1e3) if tb > ta else np.nan
                     mine = q[inph & (q["tenant"] == j)]
                     tt = mine.loc[mine["ok"], "ttft_s"].to_numpy(float)
                     rows.append({"variant": VARIANT_LABELS[p["variant"]], "seed": p["seed"], "phase": ph,
@@ -441,6 +471,8 @@ def loss_live_table(runs: Sequence) -> pd.DataFrame:
                                  "429 (%)": 100.0 * float(mine["rejected"].mean()) if len(mine) else np.nan,
                                  "TTFT p50 (s)": float(np.median(tt)) if tt.size else np.nan,
                                  "within SLO (%)": 100.0 * float((tt <= t["slo_ms"] / 1e3).sum() / max(1, len(mine)))})
+    if not rows:
+        return pd.DataFrame()
     return pd.DataFrame(rows).set_index(["variant", "seed", "phase", "tenant", "source"])
 
 
@@ -461,7 +493,7 @@ def live_table(runs: Sequence) -> pd.DataFrame:
 
 def chapter_runs(backend: str, *, engine_kind: str = LIVE_KIND, endpoints: Sequence[str] = (),
                  model: Optional[str] = None, fit_file=None, variants: Optional[dict] = None,
-                 scale_s: float = 1.0, runs_dir="runs/ch06", log=print) -> list:
+                 seeds: Sequence[int] = (SEED,), scale_s: float = 1.0, runs_dir="runs/ch06", log=print) -> list:
     """What the chapter's live section shows: on ``sim`` the saved runs; on ``http`` both
     experiments measured now through a gateway in front of ``endpoints`` (two replicas of one
     engine), with a fit that describes them (``fairlib.calibrate.fit.fit_for_endpoint`` refuses
@@ -473,7 +505,7 @@ def chapter_runs(backend: str, *, engine_kind: str = LIVE_KIND, endpoints: Seque
     for e in endpoints:
         fitmod.fit_for_endpoint(fit_file, e, engine_kind, model)
     return measure(endpoints, engine_kind, fit_file or fitmod.data_path(engine_kind), variants=variants,
-                   scale_s=scale_s, runs_dir=runs_dir, model=model, log=log)
+                   seeds=seeds, scale_s=scale_s, runs_dir=runs_dir, model=model, log=log)
 
 
 def step_ratio(run) -> float:

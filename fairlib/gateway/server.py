@@ -34,9 +34,10 @@ def describe(cfg: GatewayConfig, port: int) -> str:
     return f"{READY_PREFIX}http://{cfg.host}:{port}/v1 (policy {cfg.policy}{params}; {tenants}; upstreams {ups})"
 
 
-async def drain(runner, timeout_s: float) -> None:
+async def drain(runner, timeout_s: float) -> bool:
     """After a stop signal: take no new request (503 with Retry-After, ``/health`` 503) and wait
-    up to ``timeout_s`` for those waiting and in flight to end (their streams run to the end)."""
+    up to ``timeout_s`` for those waiting and in flight to end (their streams run to the end).
+    Returns whether they all ended."""
     gw = runner.app[GATEWAY]
     gw.stopping = True
     deadline = time.monotonic() + timeout_s
@@ -45,13 +46,16 @@ async def drain(runner, timeout_s: float) -> None:
     if not gw.idle():
         print(f"fairlib gateway: {gw.gate.in_flight} in flight and {gw.gate.waiting} waiting after "
               f"{timeout_s:g} s of draining: stopping them", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
-def serve_forever(cfg: GatewayConfig, announce: bool = True) -> None:
+def serve_forever(cfg: GatewayConfig, announce: bool = True) -> bool:
     """Run until SIGINT/SIGTERM/SIGHUP, then drain (:func:`drain`, ``cfg.drain_timeout_s``; a
-    second signal stops at once). Prints one ready line (``READY_PREFIX`` + base URL)."""
-    run_until_signal(lambda: start(cfg), (lambda port: describe(cfg, port)) if announce else None,
-                     drain=lambda runner: drain(runner, cfg.drain_timeout_s))
+    second signal stops at once). Prints one ready line (``READY_PREFIX`` + base URL). Returns
+    whether the drain finished."""
+    return run_until_signal(lambda: start(cfg), (lambda port: describe(cfg, port)) if announce else None,
+                            drain=lambda runner: drain(runner, cfg.drain_timeout_s))
 
 
 class _Admin:
@@ -176,8 +180,8 @@ def config_from_args(a) -> GatewayConfig:
 
 
 def gateway_from_args(a) -> int:
-    """``fairlib gateway``: the parsed options to a running gateway (until SIGINT, SIGTERM or SIGHUP:
-    exit 0). Errors are one line on stderr: a bad option (exit 2), a port that cannot be bound
+    """``fairlib gateway``: the parsed options to a running gateway (until SIGINT, SIGTERM or SIGHUP,
+    then a drain: exit 0, or 1 when the drain was cut). Errors are one line on stderr: a bad option (exit 2), a port that cannot be bound
     (exit 1), Ctrl-C before it listens (exit 130)."""
     try:
         cfg = config_from_args(a)
@@ -185,7 +189,7 @@ def gateway_from_args(a) -> int:
         print(f"fairlib gateway: {e}", file=sys.stderr, flush=True)
         return 2
     try:
-        serve_forever(cfg)
+        drained = serve_forever(cfg)
     except KeyboardInterrupt:
         print("fairlib gateway: interrupted (SIGINT) while starting; nothing served", file=sys.stderr, flush=True)
         return 130
@@ -194,4 +198,4 @@ def gateway_from_args(a) -> int:
         print(f"fairlib gateway: cannot listen on {cfg.host}:{cfg.port}: {why} (--port: another port in 0..65535, "
               f"or 0 for a free one)", file=sys.stderr, flush=True)
         return 1
-    return 0
+    return 0 if drained else 1

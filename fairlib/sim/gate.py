@@ -306,26 +306,32 @@ def replay_samples(spec: dict, log: Sequence, sample_ms: float, start_ms: float 
     :func:`sample_rows`, the state before each sample instant's events (as
     ``fairlib.sim.cluster.simulate_gateway`` samples), with the requests rejected so far and the
     replicas taking requests (``replicas``, default the spec's ``replicas`` parameter or 1; then
-    each ``replicas`` event). Returns ``(gate, samples)``."""
-    if not (isinstance(sample_ms, (int, float)) and math.isfinite(sample_ms) and sample_ms > 0):
-        raise ValueError(f"sample_ms must be a number > 0, got {sample_ms!r}")
+    each ``replicas`` event). Returns ``(gate, samples)``. A gateway logs a decode step when it
+    closes, stamped when it began, so a live log's samples are its state to within one step."""
+    for name, v in (("sample_ms", sample_ms), ("start_ms", start_ms), ("end_ms", 0.0 if end_ms is None else end_ms)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                or (name == "sample_ms" and v == 0):
+            raise ValueError(f"{name} must be a finite number {'> 0' if name == 'sample_ms' else '>= 0'}, got {v!r}")
     gate = _gate_of(spec)
     rejected = np.zeros(gate.n_tenants, np.int64)
     replicas = int(replicas if replicas is not None else dict(spec["params"]).get("replicas", 1))
     end = float(end_ms) if end_ms is not None else (float(log[-1][1]) if len(log) else float(start_ms))
     rows: list = []
-    nxt = float(start_ms)
+    k = 0                                   # sample k at start + k sample_ms (no accumulated error)
+
+    def at(j):
+        return float(start_ms) + j * float(sample_ms)
+    end += 1e-9 * float(sample_ms)          # an instant at the end, whatever its last bit
     for i, ev in enumerate(log):
-        while nxt <= min(float(ev[1]), end):
-            if nxt >= start_ms:
-                rows += sample_rows(gate, nxt, rejected, replicas)
-            nxt += sample_ms
+        while at(k) <= min(float(ev[1]), end):
+            rows += sample_rows(gate, at(k), rejected, replicas)
+            k += 1
         _feed(gate, i, ev)
         if ev[0] == "arrive" and not ev[8]:
             rejected[ev[2]] += 1
         elif ev[0] == "replicas":
             replicas = int(ev[2])
-    while nxt <= end:
-        rows += sample_rows(gate, nxt, rejected, replicas)
-        nxt += sample_ms
+    while at(k) <= end:
+        rows += sample_rows(gate, at(k), rejected, replicas)
+        k += 1
     return gate, pd.DataFrame(rows)

@@ -7,10 +7,10 @@ at admission (chapter 6).
 ``CountAfterResponse``: per tenant ``i`` a limit ``L_i`` of machine-ms per fixed window of ``W`` ms
 (``[kW, (k+1)W)``). A request arriving at ``t`` passes iff ``U_i(k(t)) < L_i``, with ``U_i(k)`` the
 cost counted in window ``k``: a request's ``c = p P + u O`` (its prompt and its output tokens,
-priced as the pool prices them) is counted when it finishes, in its finish's window. Nothing in
-flight is counted, so a tenant with ``n`` requests in flight can exceed ``L_i`` by up to their
-cost: the overshoot grows with the concurrency. A refused request's Retry-After: to the next
-window."""
+priced as the pool prices them) is counted when it finishes, in its finish's window. Nothing
+waiting or in flight is counted, so a tenant can exceed ``L_i`` in a window by the cost of what it
+has waiting and in flight when the count reaches ``L_i``. A refused request's Retry-After: to
+the next window."""
 from __future__ import annotations
 
 import math
@@ -40,13 +40,20 @@ class CountAfterResponse:
         if self.window[tenant] != k:
             self.window[tenant], self.used[tenant] = k, 0.0
 
+    def _check(self, tenant) -> int:
+        if isinstance(tenant, bool) or not float(tenant).is_integer() or not 0 <= tenant < self.limits.size:
+            raise ValueError(f"tenant must be an index in 0..{self.limits.size - 1} (one limit each), got {tenant!r}")
+        return int(tenant)
+
     def allow(self, tenant: int, t_ms: float) -> bool:
         """Whether a request of ``tenant`` arriving at ``t_ms`` passes: ``U_i(k(t)) < L_i``."""
+        tenant = self._check(tenant)
         self._roll(tenant, t_ms)
         return bool(self.used[tenant] < self.limits[tenant])
 
     def finished(self, tenant: int, prompt_tokens: int, output_tokens: int, t_ms: float) -> None:
         """A request's response ended at ``t_ms``: count ``p P + u O`` in that window."""
+        tenant = self._check(tenant)
         self._roll(tenant, t_ms)
         self.used[tenant] += self.p * prompt_tokens + self.u * output_tokens
 
