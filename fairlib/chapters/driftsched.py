@@ -40,6 +40,7 @@ from fairlib.calibrate import fit as fitmod
 from fairlib.calibrate.lifecycle import nice_of, sched_of
 from fairlib.chapters import fidelity as fd
 from fairlib.chapters import gateway_live as gl
+from fairlib.chapters.gateway_live import full_batch_step, run_steps
 from fairlib.chapters.tokens import TextCounter
 from fairlib.client import build_schedule, run
 from fairlib.drift import CATEGORIES, T_BASE, TIERS, DriftEstimator
@@ -306,14 +307,6 @@ def measure_live(endpoint: str, kind: str, fit_path, *, policies: Sequence[str] 
     return out
 
 
-def run_steps(run) -> pd.DataFrame:
-    """The decode steps the gateway rebuilt from the run's streams (its event log): per step its
-    time ``t_ms``, duration ``dt_ms`` and batch ``B`` (the sequences that emitted in it)."""
-    _, events = gl._events(run)
-    st = [e for e in events if e[0] == "step"]
-    return pd.DataFrame({"t_ms": [e[1] for e in st], "dt_ms": [e[2] for e in st], "B": [len(e[3]) for e in st]})
-
-
 def run_steps_engine(run) -> Engine:
     """The engine model with the step times the engine showed in the run: ``dt = a + b B`` by
     least squares over the median step of each batch size ``B >= 2`` (weights: the square root of
@@ -345,14 +338,12 @@ def step_table(runs: Sequence) -> pd.DataFrame:
     saw at that batch, their ratio, and the mean batch over the steps."""
     rows = []
     for r in runs:
-        d, eng = r.extra["driftsched"], Engine(**r.extra["sim_engine"])
+        d, b = r.extra["driftsched"], int(r.extra["sim_engine"]["max_batch"])
         st = run_steps(r)
-        full = st.loc[st["B"] == eng.max_batch, "dt_ms"]
-        fitted = float(eng.iteration_ms(eng.max_batch))
+        fitted, measured = full_batch_step(r, st)
         rows.append({"policy": d["label"], "seed": d["seed"], "steps": len(st), "mean batch": float(st["B"].mean()),
-                     f"fitted step at B={eng.max_batch} (ms)": fitted,
-                     f"measured median at B={eng.max_batch} (ms)": float(full.median()) if len(full) else np.nan,
-                     "measured / fitted": float(full.median()) / fitted if len(full) else np.nan})
+                     f"fitted step at B={b} (ms)": fitted, f"measured median at B={b} (ms)": measured,
+                     "measured / fitted": measured / fitted})
     return pd.DataFrame(rows).set_index(["policy", "seed"])
 
 

@@ -52,11 +52,12 @@ from fairlib.chapters import presets
 from fairlib.gateway import FAIRNESS_HEADERS, GatewayProcess
 from fairlib.records import Run, load_run, simulate_run
 from fairlib.records.rundir import read_jsonl, write_gzip
+from fairlib.sim.engine import Engine
 from fairlib.sim.gate import replay
 
 __all__ = ["EXPERIMENT", "POLICY_KEYS", "RECORD_SEEDS", "RECORD_DURATION_S", "SHARE_PTS", "used_rows", "policies_for", "experiment_spec",
            "LiveGateway", "run_policy", "measure", "save_runs", "load_saved", "saved_root", "simulate", "gate_at",
-           "window_ms", "fit_path_of", "share_rows", "share_table", "validity_table", "keep_gateway_files", "store_run_files", "wait_idle", "chapter_runs", "share_chart", "quota_cost_table", "noise", "counter_table", "slot_cap_table", "record"]
+           "window_ms", "run_steps", "full_batch_step", "fit_path_of", "share_rows", "share_table", "validity_table", "keep_gateway_files", "store_run_files", "wait_idle", "chapter_runs", "share_chart", "quota_cost_table", "noise", "counter_table", "slot_cap_table", "record"]
 
 EXPERIMENT = "seed000"
 #: the policies of chapters 1-4, in the order the chapters show them
@@ -248,6 +249,23 @@ def _events(run: Run) -> tuple:
     p = Path(run.path) / "gateway_events.jsonl"
     rows = read_jsonl(p if p.exists() else p.with_name(p.name + ".gz"))
     return rows[0], rows[1:]
+
+
+def run_steps(run) -> pd.DataFrame:
+    """The decode steps the gateway rebuilt from the run's streams (its event log): per step its
+    time ``t_ms``, duration ``dt_ms`` and batch ``B`` (the sequences that emitted in it)."""
+    _, events = _events(run)
+    st = [e for e in events if e[0] == "step"]
+    return pd.DataFrame({"t_ms": [e[1] for e in st], "dt_ms": [e[2] for e in st], "B": [len(e[3]) for e in st]})
+
+
+def full_batch_step(run, steps: Optional[pd.DataFrame] = None) -> tuple:
+    """``(fitted, measured)``: the run's fitted engine (``extra["sim_engine"]``) at a full batch
+    and the median step the gateway rebuilt at that batch (ms; NaN if it saw none)."""
+    eng = Engine(**run.extra["sim_engine"])
+    st = run_steps(run) if steps is None else steps
+    full = st.loc[st["B"] == eng.max_batch, "dt_ms"]
+    return float(eng.iteration_ms(eng.max_batch)), float(full.median()) if len(full) else float("nan")
 
 
 def window_ms(run: Run) -> tuple:

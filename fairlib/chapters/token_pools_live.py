@@ -50,7 +50,6 @@ from fairlib.calibrate import fit as fitmod
 from fairlib.calibrate.lifecycle import nice_of, sched_of
 from fairlib.chapters import fidelity as fd
 from fairlib.chapters import gateway_live as gl
-from fairlib.chapters.driftsched import run_steps
 from fairlib.chapters.token_pools import TenantLoad, served_work_ms, workload
 from fairlib.client import run as client_run
 from fairlib.client.env import fetch_json
@@ -419,16 +418,17 @@ def _phases(run) -> list:
     return [("before", 0.0, a), ("one replica", a, b), ("after", b, dur)]
 
 
-def loss_live_series(run, sample_s: float = 1.0) -> pd.DataFrame:
+def loss_live_series(run, sample_s: float = 1.0, sim=None) -> pd.DataFrame:
     """Experiment 2 live, per tenant and second: the gateway's charges and pool state replayed
     from its log (machine ms, reserved, debt, replicas) beside the simulated run's samples;
-    ``source`` measured / simulated, ``t_s`` into the run, ``service`` over the last 5 s."""
+    ``source`` measured / simulated, ``t_s`` into the run, ``service`` over the last 5 s.
+    ``sim``: the run's :func:`simulated` result, when the caller has it already."""
     head, events, start, end = _gateway(run)
     _, meas = replay_samples(head["spec"], events, sample_s * 1e3, start_ms=start,
                              end_ms=start + run.extra["pools"]["duration_s"] * 1e3,
                              replicas=run.extra["pools"]["replicas"])
     meas["t_ms"] = meas["t_ms"] - start
-    sim = simulated(run).samples
+    sim = (simulated(run) if sim is None else sim).samples
     sim = sim[sim["t_ms"] <= run.extra["pools"]["duration_s"] * 1e3]
     names = [t["name"] for t in run.extra["pools"]["tenants"]]
     parts = []
@@ -452,8 +452,8 @@ def loss_live_table(runs: Sequence) -> pd.DataFrame:
         p = r.extra["pools"]
         if p["experiment"] != "loss":
             continue
-        ser = loss_live_series(r)
         sim = simulated(r)
+        ser = loss_live_series(r, sim=sim)
         for src, q in (("measured", _measured_requests(r)), ("simulated", _simulated_requests(r, sim))):
             smp = ser[ser["source"] == src]
             for ph, a, b in _phases(r):
@@ -510,11 +510,9 @@ def chapter_runs(backend: str, *, engine_kind: str = LIVE_KIND, endpoints: Seque
 
 def step_ratio(run) -> float:
     """The median decode step the gateway rebuilt at a full batch over the fitted one (how much
-    slower the engine ran in the run than its fit says)."""
-    eng = Engine(**run.extra["sim_engine"])
-    st = run_steps(run)
-    full = st.loc[st["B"] == eng.max_batch, "dt_ms"]
-    return float(full.median()) / float(eng.iteration_ms(eng.max_batch)) if len(full) else float("nan")
+    slower the engine ran in the run than its fit says: ``gateway_live.full_batch_step``)."""
+    fitted, measured = gl.full_batch_step(run)
+    return measured / fitted
 
 
 # --- recording ---------------------------------------------------------------------------------------
