@@ -474,3 +474,17 @@ def test_replay_samples_from_a_fractional_start_keeps_every_instant():
     assert list(smp["in_flight"]) == [1] * 9 + [0]
     with pytest.raises(ValueError, match="end_ms"):
         replay_samples(gate.spec, gate.log, 0.1, end_ms=float("inf"))
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"endpoints": "http://a/v1"}, "not one string"),
+    ({"kind": "nope"}, "kind must be one of"),
+    ({"variants": {"zzz": ["fcfs"]}}, r"unknown experiment 'zzz'; allowed: flood, loss"),
+    ({"variants": {"flood": "fcfs"}}, r"variants\['flood'\]: a list"),
+    ({"variants": {"flood": ["nope"]}}, r"unknown \['nope'\]; allowed: fcfs, pool_estimate, pool_max_tokens"),
+])
+def test_live_measure_names_bad_arguments_before_it_sends_anything(kw, match):
+    from fairlib.chapters import token_pools_live as tl
+    args = {"endpoints": ["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"], "kind": "llamacpp", **kw}
+    with pytest.raises(ValueError, match=match):
+        tl.measure(args.pop("endpoints"), args.pop("kind"), "data/engines/llamacpp.json", **args)

@@ -173,9 +173,21 @@ def measure(endpoints: Sequence[str], kind: str, fit_path, *, experiments: Seque
     (default its path)."""
     if len(endpoints) < 2:
         raise ValueError(f"endpoints: the experiments need two replicas (two base URLs), got {list(endpoints)}")
+    if isinstance(endpoints, str) or isinstance(experiments, str):
+        raise ValueError("endpoints and experiments: lists (of base URLs, of experiment names), not one string")
     unknown = [x for x in experiments if x not in EXPERIMENTS]
     if unknown:
         raise ValueError(f"experiments: unknown {unknown}; allowed: {', '.join(EXPERIMENTS)}")
+    if kind not in fitmod.KINDS:
+        raise ValueError(f"kind must be one of {', '.join(fitmod.KINDS)}, got {kind!r}")
+    for exp, keys in (variants or {}).items():
+        if exp not in EXPERIMENTS:
+            raise ValueError(f"variants: unknown experiment {exp!r}; allowed: {', '.join(EXPERIMENTS)}")
+        if isinstance(keys, str):
+            raise ValueError(f"variants[{exp!r}]: a list of variants, not one string, e.g. [{keys!r}]")
+        bad = [k for k in keys if k not in EXPERIMENTS[exp]["variants"]]
+        if bad:
+            raise ValueError(f"variants[{exp!r}]: unknown {bad}; allowed: {', '.join(EXPERIMENTS[exp]['variants'])}")
     fit = fitmod.load_fit(fit_path)
     slots = int(fit["engine"]["max_batch"])
     runs_dir = Path(runs_dir) if runs_dir is not None else Path(tempfile.mkdtemp(prefix="fairlib-ch06-"))
@@ -185,9 +197,6 @@ def measure(endpoints: Sequence[str], kind: str, fit_path, *, experiments: Seque
     for exp in experiments:
         e = EXPERIMENTS[exp]
         keys = list((variants or {}).get(exp, e["variants"]))
-        bad = [k for k in keys if k not in e["variants"]]
-        if bad:
-            raise ValueError(f"variants[{exp!r}]: unknown {bad}; allowed: {', '.join(e['variants'])}")
         tfile = runs_dir / f"{exp}-tenants.toml"
         tfile.parent.mkdir(parents=True, exist_ok=True)
         tfile.write_text(tenants_toml(e["tenants"]))
@@ -227,6 +236,9 @@ def measure(endpoints: Sequence[str], kind: str, fit_path, *, experiments: Seque
                     gl.keep_gateway_files(gw, rd)
                     r = load_run(rd)
                     log(f"{kind} ch06 {exp} {key} seed {s} ({len(df)} requests): {r.summary['valid_reason']}")
+                    if not r.summary.get("n_ok"):
+                        raise RuntimeError(f"{exp} {key} seed {s}: no request was answered ({r.summary['valid_reason']}; "
+                                           f"the run directory {rd}): are the endpoints up?")
                     out.append(r)
     return out
 
