@@ -46,7 +46,7 @@ def trial_main(a) -> int:
         os.sched_setaffinity(0, {a.cpu})
     n = max(2, int(round(a.rate * a.duration_s)))
     df = pd.DataFrame({"arrival_ms": [1e3 * i / a.rate for i in range(n)], "tenant": [i % 4 for i in range(n)],
-                       "prompt_tokens": 32, "output_tokens": 16})
+                       "prompt_tokens": 32, "output_tokens": a.output_tokens})
     sched = build_schedule(df, seed=0, tenant_names=["t0", "t1", "t2", "t3"])
     cfg = EndpointConfig(base_url=a.url, model="stub", timeout_s=60, tenant_header="x-llm-d-inference-fairness-id")
     with tempfile.TemporaryDirectory() as tmp:
@@ -61,7 +61,9 @@ def trial_main(a) -> int:
     row = {"rate_rps": a.rate, "requests": s["n_planned"], "ok": int(ok.sum()), "achieved_rps": s["achieved_rate_rps"],
            "lag_p99_ms": lag["p99"], "ttft_p50_ms": float(np.percentile(ttft, 50)),
            "ttft_p99_ms": float(np.percentile(ttft, 99)), "itl_p50_ms": float(np.percentile(gaps, 50)),
-           "itl_p99_ms": float(np.percentile(gaps, 99))}
+           "itl_p99_ms": float(np.percentile(gaps, 99)),
+           "span_s": float(rec["end_s"].to_numpy(float)[ok].max() - rec["actual_send_s"].to_numpy(float)[ok].min()),
+           "output_tokens": int(rec["completion_tokens"].to_numpy()[ok].sum())}
     row["client_ok"] = bool(row["ok"] == row["requests"] and (row["achieved_rps"] or 0) >= loadgen.MIN_ACHIEVED * a.rate
                             and lag["p99"] is not None and lag["p99"] <= loadgen.LAG_P99_MS)
     print("ROW " + json.dumps(row), flush=True)
@@ -87,6 +89,7 @@ def main(argv=None) -> int:
         p.add_argument("--rate", type=float, required=True)
         p.add_argument("--duration-s", type=float, default=5.0)
         p.add_argument("--cpu", type=int)
+        p.add_argument("--output-tokens", type=int, default=16)
         return trial_main(p.parse_args(argv[1:]))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration-s", type=float, default=5.0)
@@ -102,7 +105,8 @@ def main(argv=None) -> int:
     client_cpu, gw_cpu = (0, 1) if pin else (None, None)
     load0, t0 = os.getloadavg(), time.time()
     stub, stub_url = loadgen.start_stub(cpu=client_cpu)
-    gw = GatewayProcess(["--upstream", stub_url, "--policy", a.policy, "--max-inflight", "4096", "--no-events"],
+    gw = GatewayProcess(["--upstream", stub_url, "--policy", a.policy, "--max-inflight", "4096", "--no-events",
+                         "--access-log", "off"],
                         cpu=gw_cpu).start()
     rows, best = [], []
     try:

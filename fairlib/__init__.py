@@ -13,7 +13,8 @@ __version__ = "0.1.0"
 _API = {"Engine": "fairlib.sim.engine", "SEED000_ENGINE": "fairlib.sim.engine",
         "POLICIES": "fairlib.sim.policies", "make_policy": "fairlib.sim.policies",
         "simulate": "fairlib.sim.simulate", "SimResult": "fairlib.sim.simulate"}
-__all__ = [*_API, "__version__"]
+__all__ = ["Engine", "SEED000_ENGINE", "POLICIES", "make_policy", "simulate", "SimResult", "__version__"]
+assert set(__all__) == {*_API, "__version__"}
 
 
 def __getattr__(name: str):

@@ -4,9 +4,11 @@
     fairlib gateway  --upstream http://127.0.0.1:8000/v1 --policy vtc --max-inflight 16 --port 8080
     fairlib run      --scenario noisy_neighbor --endpoint http://127.0.0.1:8000/v1 --seed 0 --out runs/nn/s0
     fairlib simulate --scenario noisy_neighbor --seed 0 --out runs/nn-sim/s0
+    fairlib sweep    --scenario noisy_neighbor --policy fcfs --policy vtc --seeds 0,1,2 --out sweep.csv
     fairlib probe    --endpoint http://127.0.0.1:8000/v1 --out probe.json
     fairlib fit      --endpoint http://127.0.0.1:8000/v1 --max-batch 16 --out runs/fits/vllm.json
-    fairlib analyze  RUN_DIR ... (fairlib.analysis)
+    fairlib analyze  --run RUN_DIR [--run RUN_DIR ...] --out report.md --plots
+    fairlib scenarios
 
 ``gateway`` puts the book's policies in front of any OpenAI-compatible engine (fairlib.gateway).
 ``serve`` is a test double (the engine model in real time, fairlib.serve), never an engine.
@@ -17,6 +19,11 @@
 ``--capacity-file`` (a ``fairlib probe`` or ``fairlib fit`` result) makes it relative to the probed engine.
 ``fit`` fits the cost model of any endpoint in the format of ``fairlib.calibrate.fit`` (what chapters 1 and 8
 read as ``fit_file``), with the endpoint's identity; ``probe`` is the quicker one-context sweep.
+``run`` sends one preflight request per API before its clock starts and stops with the server's
+message when it fails; ``run``, ``simulate`` and ``analyze`` end with a per-tenant summary and the
+scenario's verdict (``fairlib.analysis.console``); long commands show progress on a terminal
+(``fairlib.progress``), one line per stage elsewhere, nothing but the result with ``--quiet``.
+Every run directory carries a ``label`` (``--label``), the setup ``analyze`` groups by.
 
 Credentials: ``--api-key`` (or the ``OPENAI_API_KEY`` environment variable) is sent as
 ``Authorization: Bearer``, ``--header`` adds any header, a ``user:password@`` in the URL is sent
@@ -27,7 +34,6 @@ scenario file, an ``--out`` that holds a run or cannot be written), 1 when the w
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import signal
@@ -39,75 +45,27 @@ from typing import Optional, Sequence
 
 from fairlib import analysis as analyze
 from fairlib import scenarios
-from fairlib.backend import default_run_dir, run_scenario
+from fairlib.backend import HttpOptions, SimOptions, default_run_dir, run_scenario
 from fairlib.calibrate import fit as fitmod
 from fairlib.calibrate.fit import normalise_url
 from fairlib.calibrate.probe import probe
+from fairlib.cli_commands import run_summary, scenario_lines, sweep_table
+from fairlib.cli_parser import RUN_EXIT_STATUS, CliError, build_parser
 from fairlib.client import EndpointConfig
-from fairlib.client.endpoint import mask_url, redact, resolve_model
-from fairlib.client.measure import MAX_ERROR_RATE, exit_status, max_workers
-from fairlib.gateway.server import add_arguments as add_gateway_arguments
+from fairlib.client.endpoint import mask_url, redact
+from fairlib.client.measure import RunOptions, exit_status, max_workers
+from fairlib.client.preflight import resolve_model
+from fairlib.client.progress import RunProgress
+from fairlib.epp.plane import envoy_gateway_from_args, epp_from_args
 from fairlib.gateway.server import gateway_from_args
-from fairlib.serve.server import add_arguments as add_serve_arguments
+from fairlib.progress import COMPILE_NOTICE, Progress, engine_model_compiled
 from fairlib.serve.server import serve_from_args
 from fairlib.sim.policies import parse_policy_param
 
-__all__ = ["main", "build_parser", "load_tokenizer", "load_spec", "CliError"]
+__all__ = ["main", "build_parser", "load_tokenizer", "load_spec", "CliError", "run_exit_status", "RUN_EXIT_STATUS"]
 
 
-# --- errors and option types ------------------------------------------------------------------
-
-class CliError(SystemExit):
-    """A command-line error: its one line goes to stderr when raised; exit ``code`` (2: usage)."""
-
-    def __init__(self, message: str, code: int = 2):
-        super().__init__(code)
-        self.message = message
-        print(message, file=sys.stderr, flush=True)
-
-    def __str__(self) -> str:
-        return self.message
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage block), exit 2."""
-
-    def error(self, message):
-        raise CliError(f"{self.prog}: {message} ('{self.prog} --help' lists the options)", 2)
-
-
-def _number(low: float, strict: bool = True, integer: bool = False):
-    """An argparse type: a finite number (an integer when ``integer``) > ``low`` (>= when not ``strict``)."""
-    what = f"{'an integer' if integer else 'a number'} {'>' if strict else '>='} {low:g}"
-
-    def parse(text: str):
-        try:
-            v = int(text) if integer else float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
-        if not math.isfinite(v) or (v <= low if strict else v < low):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
-        return v
-
-    return parse
-
-
-def _endpoint_url(text: str) -> str:
-    """An argparse type: an http(s) endpoint URL (the message masks any credential in it)."""
-    try:
-        return EndpointConfig(base_url=text).base_url
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{mask_url(text)!r} is not an endpoint URL: pass http://HOST:PORT/v1 "
-                                         "(or https://)") from None
-
-
-def _header(text: str) -> tuple:
-    """An argparse type: ``"Name: value"``."""
-    name, sep, value = text.partition(":")
-    if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
-        raise argparse.ArgumentTypeError("must be 'Name: value' (e.g. 'X-Org: research')")
-    return name.strip(), value.strip()
-
+# --- checks and shared helpers ---------------------------------------------------------------
 
 def _check_out(out: Path, overwrite: bool, cmd: str, *, run_dir: bool = True) -> None:
     """Refuse an ``--out`` that holds a run (without ``--overwrite``) or cannot be written,
@@ -170,160 +128,19 @@ def _policy_params(items) -> dict:
 
 
 def _resolve_model(endpoint, cmd: str = "run") -> str:
+    """The endpoint's first model; a server that is down, a base URL without /v1 or a credential
+    it wants: one line with the cause's hint (``fairlib.client.preflight``), exit 1."""
     try:
         return resolve_model(endpoint)
-    except ValueError as e:
-        raise CliError(f"fairlib {cmd}: {e} (--model)", 1) from None
-
-
-def _add_credentials(p) -> None:
-    p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY', never written (default: the "
-                                     "OPENAI_API_KEY environment variable, which keeps the key out of 'ps')")
-    p.add_argument("--header", action="append", default=[], type=_header, metavar="'NAME: VALUE'",
-                   help="an HTTP header sent with every request (repeatable; secret ones masked in the run directory)")
+    except RuntimeError as e:
+        raise CliError(f"fairlib {cmd}: {e}", 1) from None
 
 
 def _api_key(a):
     return a.api_key or os.environ.get("OPENAI_API_KEY") or None
 
 
-def _add_load_options(p) -> None:
-    p.add_argument("--scenario", required=True, help="a scenario name (fairlib/scenarios/*.toml) or a .toml path")
-    p.add_argument("--seed", type=_number(0, strict=False, integer=True),
-                   help="run seed (default: the scenario's first seed)")
-    p.add_argument("--duration-s", type=_number(0), help="replace the scenario's run length (seconds > 0)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--rho", type=_number(0), help="total offered load relative to capacity (replaces the file's rho; "
-                                             "a baseline's rates follow its base scenario's rho)")
-    g.add_argument("--rate-scale", type=_number(0), help="multiply every tenant's rate by this, in every scenario "
-                                                    "(a baseline included: the file's rho times this)")
-    p.add_argument("--capacity-file", help="a fairlib probe result (JSON): load is relative to the probed engine")
-    p.add_argument("--out", help="the run directory (default runs/<scenario>/<backend>/seed<seed>)")
-    p.add_argument("--overwrite", action="store_true", help="replace a run directory that already holds records")
-    p.add_argument("--api", choices=("completions", "chat"), default="completions")
-
-
-def build_parser() -> argparse.ArgumentParser:
-
-    p = _Parser(prog="fairlib", description=__doc__.split("\n\n")[0].strip(),
-                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{serve,gateway,run,simulate,probe,fit,analyze}")
-
-    s = sub.add_parser("serve", help="an OpenAI-compatible test double timed by the engine model (not an engine)",
-                       description="Serve the engine model in real time over HTTP (vLLM's wire format). A test "
-                                   "double and a live demonstration of a policy: its numbers are never an engine's.")
-    add_serve_arguments(s)
-
-    g = sub.add_parser("gateway", help="the fairness gateway: the book's policies in front of an engine",
-                       description="An OpenAI-compatible reverse proxy whose policy (the simulator's own code) decides "
-                                   "who enters each upstream's batch; tenants by x-llm-d-inference-fairness-id or API "
-                                   "key; charges from the stream as it runs; /metrics per tenant, /admin on loopback.")
-    add_gateway_arguments(g)
-
-    r = sub.add_parser("run", help="send a scenario open-loop to an endpoint; write a run directory",
-                       description="Send a scenario's schedule open-loop to an endpoint and write a run directory "
-                                   "(config.json, env.json, records.jsonl as requests complete, summary.json last, "
-                                   "also when the run is stopped).",
-                       epilog=RUN_EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_load_options(r)
-    r.add_argument("--endpoint", required=True, type=_endpoint_url,
-                   help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
-    r.add_argument("--model", help="model name (default: the first the endpoint lists)")
-    _add_credentials(r)
-    r.add_argument("--workers", type=int, default=1,
-                   help=f"client processes, 1 to the CPU count ({max_workers()} here); the schedule is sharded "
-                        "round-robin; they stop with the run and die with it")
-    r.add_argument("--tokenizer", default="whitespace",
-                   help="'whitespace' (prompt tokens = words; default) or a tokenizer.json / tokenizer folder")
-    r.add_argument("--ignore-eos", dest="ignore_eos", action="store_true", default=True,
-                   help="send ignore_eos: true (default)")
-    r.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="do not send ignore_eos (for servers that reject it)")
-    r.add_argument("--send-min-tokens", action="store_true", help="also send min_tokens = max_tokens")
-    r.add_argument("--send-priority", action="store_true",
-                   help="send each tenant's priority (vLLM: only with --scheduling-policy priority)")
-    r.add_argument("--server-policy", help="a label: the policy the server is known to run (recorded)")
-    r.add_argument("--lag-threshold-ms", type=_number(0), default=10.0,
-                   help="p99 schedule lag (ms > 0) above which the run is invalid")
-    r.add_argument("--timeout-s", type=_number(0), default=600.0, help="per-request timeout (seconds > 0)")
-    r.add_argument("--max-error-rate", type=float, default=MAX_ERROR_RATE,
-                   help=f"share of failed answers (0 to 1) above which a valid run warns and exits 3 "
-                        f"(default {MAX_ERROR_RATE:g})")
-    r.add_argument("--no-metrics", action="store_true", help="do not sample the endpoint's /metrics")
-
-    m = sub.add_parser("simulate", help="run a scenario in the simulator; write the same run-directory shape")
-    _add_load_options(m)
-    m.add_argument("--policy", help="override the scenario's policy")
-    m.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE")
-
-    q = sub.add_parser("probe", help="fit the engine model's costs and capacity of a live endpoint")
-    q.add_argument("--endpoint", required=True, type=_endpoint_url,
-                   help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
-    q.add_argument("--model", help="model name (default: the first the endpoint lists)")
-    q.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY', never written (default: OPENAI_API_KEY)")
-    q.add_argument("--api", choices=("completions", "chat"), default="completions")
-    q.add_argument("--out", default="probe.json", help="where to write the result (JSON)")
-    q.add_argument("--batches", default="1,2,4,8,16,32,64", help="running batch sizes to try (ascending)")
-    q.add_argument("--decode-tokens", type=_number(8, strict=False, integer=True), default=48,
-                   help="output tokens per stream in the batch sweep (>= 8)")
-    q.add_argument("--prompt-tokens", type=_number(1, strict=False, integer=True), default=16,
-                   help="prompt tokens per stream in the batch sweep")
-    q.add_argument("--prefill-lengths", default="16,256,512,1024,1536,2048", help="prompt lengths for the TTFT fit")
-    q.add_argument("--prefill-repeats", type=_number(1, strict=False, integer=True), default=5)
-    q.add_argument("--max-batch", type=_number(1, strict=False, integer=True),
-                   help="the engine's known batch limit (default: found by the sweep)")
-    q.add_argument("--tokenizer", default="whitespace")
-    q.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false", default=True)
-    q.add_argument("--send-min-tokens", action="store_true")
-    q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--quiet", action="store_true")
-
-    f = sub.add_parser("fit", help="fit the cost model of any endpoint (the fit format chapters 1 and 8 read)",
-                       description="Measure an endpoint (vLLM, llama.cpp's server, any OpenAI-compatible server) "
-                                   "and fit the engine model's cost model to it: the decode step against the running "
-                                   "batch at several contexts, and the prefill cost. Writes the format of "
-                                   "fairlib.calibrate.fit (fit.load_fit / load_engine / engine_at), with the endpoint's "
-                                   "identity (URL, model, server kind and version, batch limit, context window), "
-                                   "the client machine and the date. Pass the file to a chapter as fit_file.")
-    f.add_argument("--endpoint", required=True, type=_endpoint_url,
-                   help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
-    f.add_argument("--model", help="model name (default: the first the endpoint lists)")
-    _add_credentials(f)
-    f.add_argument("--kind", choices=("vllm", "llamacpp", "openai"),
-                   help="the server (default: what it says: llama.cpp's GET /props, vLLM's GET /version; else openai)")
-    f.add_argument("--max-batch", type=int,
-                   help="the batch limit (vLLM: its --max-num-seqs; llama.cpp and fairlib serve tell theirs)")
-    f.add_argument("--out", required=True, help="where to write the fit (JSON)")
-    f.add_argument("--api", choices=("completions", "chat"), default="completions")
-    f.add_argument("--tokenizer", default="whitespace",
-                   help="'whitespace' (prompts of N words; the server's own counts are recorded) or a tokenizer")
-    f.add_argument("--batches", help="batch sizes of the decode sweep (default: 1,2,4,8 and 1/4..4/4 of max-batch)")
-    f.add_argument("--prompt-tokens", help="prompt lengths of the decode sweep, its contexts (default 32,320,768)")
-    f.add_argument("--decode-tokens", type=int, help="output tokens per stream in the decode sweep (default 64)")
-    f.add_argument("--prefill-lengths", help="prompt lengths of the prefill fit (default 16,64,...,768)")
-    f.add_argument("--repeats", type=int, help="repeats of the decode sweep (default 2)")
-    f.add_argument("--prefill-repeats", type=int, help="repeats of each prefill length (default 3)")
-    f.add_argument("--note", default="", help="a note kept in the file")
-    f.add_argument("--quiet", action="store_true", help="no progress lines")
-
-    sub.add_parser("analyze", help="report on run directories (fairlib.analysis; 'fairlib analyze -h')",
-                   add_help=False)
-    return p
-
-
 # --- subcommands ------------------------------------------------------------------------------
-
-RUN_EXIT_STATUS = """exit status:
-  0    the run is complete and valid: every planned request sent and recorded, at least one
-       succeeded, p99 schedule lag within --lag-threshold-ms
-  1    the run is invalid or incomplete (summary.json's valid_reason says which condition
-       failed), or the work failed before it ran (e.g. the endpoint lists no model)
-  2    a usage error (a bad option or scenario file, an --out that holds a run)
-  3    valid, but the error rate exceeds --max-error-rate (summary.json: error_rate, warnings)
-  128+N  stopped by signal N: 129 SIGHUP, 130 SIGINT (Ctrl-C), 131 SIGQUIT, 143 SIGTERM:
-       in-flight requests are recorded as interrupted, unsent ones dropped, and summary.json
-       says interrupted (never valid)"""
-
 
 def run_exit_status(summary: dict) -> int:
     """``fairlib run``'s exit status for a run's summary (``RUN_EXIT_STATUS``; the rules are
@@ -331,9 +148,14 @@ def run_exit_status(summary: dict) -> int:
     return exit_status(summary)
 
 
+def _extra_label(a) -> dict:
+    return {"label": a.label} if a.label else {}
+
+
 def cmd_run(a) -> int:
     if not 1 <= a.workers <= max_workers():
         raise CliError(f"fairlib run: --workers must be between 1 and {max_workers()} (the CPU count), got {a.workers}")
+    prog = Progress("fairlib run", quiet=a.quiet)
     spec = load_spec(a.scenario, rho=a.rho, rate_scale=a.rate_scale, capacity_file=a.capacity_file,
                      duration_s=a.duration_s)
     seed = spec.seeds[0] if a.seed is None else a.seed
@@ -345,45 +167,76 @@ def cmd_run(a) -> int:
     cfg = replace(cfg, model=a.model or _resolve_model(cfg))
     n = len(spec.requests(seed))
     extra = {"tokenizer": a.tokenizer, "cli": {"rho": a.rho, "rate_scale": a.rate_scale,
-                                                "capacity_file": a.capacity_file}}
-    print(redact(f"fairlib run: {spec.name} seed {seed}: {n} requests over {spec.duration_s:g} s "
-                 f"({n / spec.duration_s:.2f} req/s) -> {a.endpoint} ({cfg.model}); run directory {out}", cfg.secrets),
-          flush=True)
-    run = run_scenario(spec, seed, "http", endpoint_config=cfg, api=a.api, run_dir=out,
-                       server_policy=a.server_policy, workers=a.workers,
-                       lag_threshold_ms=a.lag_threshold_ms, scrape_metrics=not a.no_metrics, config_extra=extra,
-                       overwrite=a.overwrite, tokenizer=load_tokenizer(a.tokenizer), handle_sigint=True,
-                       max_error_rate=a.max_error_rate)
-    _print_summary(run.summary, out)
+                                                "capacity_file": a.capacity_file}, **_extra_label(a)}
+    prog.stage(redact(f"{spec.name} seed {seed}: {n} requests over {spec.duration_s:g} s "
+                      f"({n / spec.duration_s:.2f} req/s) -> {a.endpoint} ({cfg.model}); run directory {out}",
+                      cfg.secrets))
+    options = RunOptions(preflight=True, progress=RunProgress(prog, n, spec.duration_s))
+    run = run_scenario(spec, seed, HttpOptions(
+        run_dir=out, endpoint_config=cfg, api=a.api, server_policy=a.server_policy, workers=a.workers,
+        lag_threshold_ms=a.lag_threshold_ms, scrape_metrics=not a.no_metrics, config_extra=extra,
+        overwrite=a.overwrite, tokenizer=load_tokenizer(a.tokenizer), handle_sigint=True,
+        max_error_rate=a.max_error_rate, client=options))
+    print(redact(run_summary(run, "fairlib run"), cfg.secrets), flush=True)
     return run_exit_status(run.summary)
 
 
-def _print_summary(summary: dict, out) -> None:
-    lag = summary.get("schedule_lag_ms") or {}
-    errs = {k: v for k, v in (summary.get("error_counts") or {}).items() if v and k != "none"}
-    fmt = (lambda v: "-" if v is None else f"{v:.2f}")
-    print(f"  {summary['n_ok']}/{summary['n_planned']} ok" + (f", errors {errs}" if errs else "")
-          + f"; schedule lag p50 {fmt(lag.get('p50'))} ms, p99 {fmt(lag.get('p99'))} ms; "
-          f"requested {fmt(summary.get('requested_rate_rps'))} req/s, achieved {fmt(summary.get('achieved_rate_rps'))}; "
-          + ("VALID" if summary.get("valid") else f"INVALID ({summary.get('valid_reason')})")
-          + (" [interrupted]" if summary.get("interrupted") else ""))
-    for w in summary.get("warnings") or []:
-        print(f"  WARNING: {w}")
-    print(f"  {out}")
-
-
 def cmd_simulate(a) -> int:
+    prog = Progress("fairlib simulate", quiet=a.quiet)
     spec = load_spec(a.scenario, rho=a.rho, rate_scale=a.rate_scale, capacity_file=a.capacity_file,
                      duration_s=a.duration_s)
     seed = spec.seeds[0] if a.seed is None else a.seed
     policy = a.policy or spec.policy
     out = Path(a.out) if a.out else default_run_dir(spec, "sim", seed)
     _check_out(out, a.overwrite, "simulate")
-    run = run_scenario(spec, seed, "sim", policy=a.policy, policy_params=_policy_params(a.policy_param), api=a.api,
-                       run_dir=out, overwrite=a.overwrite)
-    print(f"fairlib simulate: {spec.name} seed {seed}, policy {policy}: {len(run.records)} requests "
-          f"({spec.duration_s:g} s of arrivals) -> {out}")
+    params = _policy_params(a.policy_param)
+    prog.stage(f"{spec.name} seed {seed}, policy {policy}: {len(spec.requests(seed))} requests over "
+               f"{spec.duration_s:g} s of arrivals -> {out}")
+    prog.compile_notice()
+    run = run_scenario(spec, seed, SimOptions(policy=a.policy, policy_params=params, api=a.api, run_dir=out,
+                                              overwrite=a.overwrite, config_extra=_extra_label(a)))
+    print(run_summary(run, "fairlib simulate"), flush=True)
+    return run_exit_status(run.summary)
+
+
+def cmd_sweep(a) -> int:
+    prog = Progress("fairlib sweep", quiet=a.quiet)
+    seeds = _ints(a.seeds, "--seeds")
+    if not seeds or min(seeds) < 0:
+        raise CliError(f"fairlib sweep: --seeds takes integers >= 0, got {a.seeds!r}")
+    rhos = None
+    if a.rho:
+        try:
+            rhos = [float(x) for x in a.rho.split(",") if x.strip()]
+        except ValueError:
+            rhos = []
+        if not rhos or min(rhos) <= 0 or not all(math.isfinite(r) for r in rhos):
+            raise CliError(f"fairlib sweep: --rho takes comma-separated numbers > 0, got {a.rho!r}")
+    spec = load_spec(a.scenario, duration_s=a.duration_s, capacity_file=a.capacity_file)
+    policies = a.policy or [spec.policy]
+    if a.out:
+        _check_out(Path(a.out), True, "sweep", run_dir=False)
+    rows, text = sweep_table(a.scenario, policies, seeds, rhos, prog, capacity_file=a.capacity_file,
+                             duration_s=a.duration_s, workers=a.workers)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        rows.to_csv(a.out, index=False)
+    print(f"fairlib sweep: {spec.name}: {len(rows)} runs" + (f" -> {a.out}" if a.out else ""))
+    print(text)
     return 0
+
+
+def cmd_scenarios(a) -> int:
+    print("\n".join(scenario_lines()))
+    print("load: offered load relative to the replica's capacity (below 1: latency isolation; at or above 1: "
+          "shares); 'fairlib simulate --scenario NAME' runs one")
+    return 0
+
+
+def _server_start(cmd: str, quiet: bool = False) -> None:
+    """A line before a server's ready line when its first start compiles the engine model."""
+    if not quiet and not engine_model_compiled(cmd):
+        print(f"fairlib {cmd}: starting; {COMPILE_NOTICE}", flush=True)
 
 
 def _ints(text: str, name: str) -> list:
@@ -398,7 +251,7 @@ def cmd_probe(a) -> int:
     a.endpoint = normalise_url(a.endpoint)
     _check_out(Path(a.out), True, "probe", run_dir=False)
     cfg = EndpointConfig(base_url=a.endpoint, api=a.api, ignore_eos=a.ignore_eos, send_min_tokens=a.send_min_tokens,
-                         api_key=_api_key(a))
+                         api_key=_api_key(a), headers=dict(a.header))
     cfg = replace(cfg, model=a.model or _resolve_model(cfg, "probe"))
     res = probe(cfg, batches=_ints(a.batches, "--batches"), decode_tokens=a.decode_tokens,
                 prompt_tokens=a.prompt_tokens, prefill_lengths=_ints(a.prefill_lengths, "--prefill-lengths"),
@@ -477,15 +330,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv and argv[0] == "analyze":
         return int(analyze.main(argv[1:]) or 0)
     a = build_parser().parse_args(argv)
-    if a.cmd == "serve":
-        return serve_from_args(a)
-    if a.cmd == "gateway":
-        return gateway_from_args(a)
+    if a.cmd in ("serve", "gateway", "epp"):
+        _server_start("gateway" if a.cmd == "epp" else a.cmd)
+        if a.cmd == "epp":
+            return epp_from_args(a)
+        if a.cmd == "gateway" and a.data_plane == "envoy":
+            return envoy_gateway_from_args(a)
+        return serve_from_args(a) if a.cmd == "serve" else gateway_from_args(a)
     try:
         if a.cmd == "run":
             return cmd_run(a)
         if a.cmd == "simulate":
             return cmd_simulate(a)
+        if a.cmd == "sweep":
+            return cmd_sweep(a)
+        if a.cmd == "scenarios":
+            return cmd_scenarios(a)
         if a.cmd == "probe":
             return cmd_probe(a)
         if a.cmd == "fit":

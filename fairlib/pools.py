@@ -48,7 +48,7 @@ def replica_capacity(engine: Engine, prompt_tokens: float, output_tokens: float,
     """The three resources of one replica for a mix of mean ``prompt_tokens`` and ``output_tokens``
     (the module's formulas): the batch it can hold and which resource caps it, the machine time
     per request, the token throughput and the request rate."""
-    P, O = float(prompt_tokens), float(output_tokens)
+    P, O = float(prompt_tokens), float(output_tokens)  # noqa: E741 - the module formulas' P and O
     if not (P >= 0 and O >= 1):
         raise ValueError(f"prompt_tokens must be >= 0 and output_tokens >= 1, got {prompt_tokens!r}, {output_tokens!r}")
     r = float(engine.max_batch)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import errno
 import json
 import os
 import signal
@@ -20,8 +21,8 @@ from aiohttp import web
 
 from fairlib.paths import repo_root
 
-__all__ = ["port_number", "start_app", "run_until_signal", "LocalServer", "ThreadServer", "ChildServer", "die_with_parent",
-           "STOP_SIGNALS"]
+__all__ = ["port_number", "start_app", "run_until_signal", "run_from_args", "module_main", "LocalServer", "ThreadServer",
+           "ChildServer", "die_with_parent", "STOP_SIGNALS"]
 
 #: what stops a server in the foreground (SIGHUP: its terminal went away)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -61,7 +62,7 @@ def run_until_signal(start: Callable[[], Awaitable], announce: Optional[Callable
     timeout, a second signal, or an error), else True."""
 
     async def main():
-        runner, port = await start()
+        runner, port = await start()     # SIGINT in here: KeyboardInterrupt (see below)
         if announce is not None:
             print(announce(port), flush=True)
         stop, again = asyncio.Event(), asyncio.Event()
@@ -96,7 +97,61 @@ def run_until_signal(start: Callable[[], Awaitable], announce: Optional[Callable
             await runner.cleanup()
         return clean
 
-    return asyncio.run(main())
+    # asyncio.run replaces Python's SIGINT handler with one that cancels the main task, which takes
+    # effect at its next await only: a Ctrl-C during a start-up that computes without awaiting (the
+    # engine model compiled by numba in an on_startup hook, 30-90 s) waited for all of it (a test
+    # saw no exit within 60 s). asyncio leaves a handler of the program's own in place, so SIGINT
+    # raises KeyboardInterrupt at once until main() installs the loop's stop handlers.
+    previous = signal.getsignal(signal.SIGINT)
+    own = threading.current_thread() is threading.main_thread() and previous is signal.default_int_handler
+    if own:
+        signal.signal(signal.SIGINT, _interrupt)
+    try:
+        return asyncio.run(main())
+    finally:
+        if own:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt(signum, frame):
+    """SIGINT before the loop's own handlers: Python's default, as a handler asyncio leaves alone."""
+    raise KeyboardInterrupt
+
+
+def run_from_args(name: str, a, config_from_args: Callable, serve_forever: Callable,
+                  config_errors: tuple = (ValueError,)) -> int:
+    """A server's command line: ``config_from_args(a)``, then ``serve_forever(cfg)`` until a stop
+    signal. Exit status: 0 when it served to the end, 1 when ``serve_forever`` returned False (a
+    drain that was cut) or the port cannot be bound, 2 for a bad option (``config_errors``), 130
+    for Ctrl-C before it listens; each error is one line on stderr, after ``name: ``."""
+    try:
+        cfg = config_from_args(a)
+    except config_errors as e:
+        print(f"{name}: {e}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        served = serve_forever(cfg)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted (SIGINT) while starting; nothing served", file=sys.stderr, flush=True)
+        return 130
+    except OSError as e:
+        why = "the port is in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+        print(f"{name}: cannot listen on {cfg.host}:{cfg.port}: {why} (--port: another port in 0..65535, "
+              f"or 0 for a free one)", file=sys.stderr, flush=True)
+        return 1
+    return 0 if served is not False else 1
+
+
+def module_main(prog: str, description: str, add_arguments: Callable, from_args: Callable, argv=None) -> int:
+    """``python -m fairlib.serve`` / ``python -m fairlib.gateway``: the subcommand's options
+    (``add_arguments``) parsed from ``argv``, then ``from_args``'s exit status."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    add_arguments(p)
+    return from_args(p.parse_args(argv))
+
+
+#: the longest an in-process server may take to start before start() gives up
+START_TIMEOUT_S = 300.0
 
 
 class LocalServer:
@@ -150,7 +205,16 @@ class ThreadServer(LocalServer):
 
     def __init__(self, start_coro: Callable[[], Awaitable]):
         self._start_coro = start_coro
-        self._loop = self._thread = self._runner = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._runner: Optional[web.AppRunner] = None
+
+    @property
+    def runner(self) -> web.AppRunner:
+        """The server's aiohttp runner (a RuntimeError before it has started)."""
+        if self._runner is None:
+            raise RuntimeError(f"{self.name} has not started (start() first)")
+        return self._runner
 
     def start(self):
         ready, box = threading.Event(), {}
@@ -171,8 +235,10 @@ class ThreadServer(LocalServer):
 
         self._thread = threading.Thread(target=main, name=self.name, daemon=True)
         self._thread.start()
-        if not ready.wait(60):
-            raise RuntimeError(f"{self.name} did not start within 60 s")
+        # generous: the first start in a fresh clone compiles the engine's kernels (numba's cache
+        # empty), which on a busy 2-core machine took over 60 s
+        if not ready.wait(START_TIMEOUT_S):
+            raise RuntimeError(f"{self.name} did not start within {START_TIMEOUT_S:.0f} s")
         if "error" in box:
             raise box["error"]
         return self
@@ -196,6 +262,7 @@ class ThreadServer(LocalServer):
 
     def stop(self) -> None:
         if self._thread is not None:
+            assert self._loop is not None       # start() sets the loop before the thread
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
             self._thread = None

@@ -46,36 +46,22 @@ import sys
 import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
 
+from fairlib import scenarios
 from fairlib.analysis.indices import jain_index, max_min_ratio
 from fairlib.sim import loop
 from fairlib.sim.policies import make_policy
 from fairlib.sim.simulate import RequestArrays
-from fairlib.sim.state import (
-    ARRIVAL,
-    BUSY_MS,
-    DECODE_TOKENS,
-    FINISH,
-    FINISHED,
-    FIRST,
-    ITERATIONS,
-    STATUS,
-    T_ADMITTED,
-    T_DECODE,
-    T_FINISHED,
-    T_MACHINE,
-    T_NOW,
-    T_PREFILL,
-    T_REJECTED,
-    T_TOKENS,
-)
-from fairlib.workload import Scenario, Tenant
+from fairlib.sim import state
+from fairlib.workload import Scenario, TenantSpec
 
-__all__ = ["PolicySpec", "sweep", "run_point", "summarize_state", "RUN_COLUMNS", "TENANT_COLUMNS"]
+__all__ = ["PolicySpec", "ScenarioPoint", "scenario_policy", "sweep", "run_point", "summarize_state", "RUN_COLUMNS",
+           "TENANT_COLUMNS"]
 
 #: Per-run columns after the grid's parameters, in order (tenant columns follow).
 RUN_COLUMNS = ("policy", "policy_name", "policy_params", "requests", "rejected", "admitted", "finished",
@@ -100,6 +86,31 @@ class PolicySpec:
     def resolve(self, scenario: Scenario) -> dict:
         p = self.params(scenario) if callable(self.params) else self.params
         return dict(p)
+
+
+@dataclass(frozen=True)
+class ScenarioPoint:
+    """``build(**point)`` for a scenario file (``fairlib sweep``): the workload of scenario ``name``
+    at a grid point's ``rho`` / ``rate_scale`` (``fairlib.scenarios.load``); picklable, so it
+    reaches worker processes."""
+
+    name: str
+    capacity_file: Optional[str] = None
+    duration_s: Optional[float] = None
+
+    def __call__(self, rho: Optional[float] = None, rate_scale: Optional[float] = None) -> Scenario:
+        return scenarios.load(self.name, rho=rho, rate_scale=rate_scale, capacity=self.capacity_file,
+                              duration_s=self.duration_s).scenario
+
+
+def _scenario_params(name: str, params: dict, scenario: Scenario) -> dict:
+    return scenario.policy_params(name, dict(params))
+
+
+def scenario_policy(name: str, params: Optional[Mapping] = None, label: Optional[str] = None) -> PolicySpec:
+    """A policy whose parameters are ``params`` completed by the scenario's own (the tenants'
+    weights: ``Scenario.policy_params``), as ``fairlib simulate`` runs it."""
+    return PolicySpec(label or name, name, partial(_scenario_params, name, dict(params or {})))
 
 
 def _as_spec(p) -> PolicySpec:
@@ -157,26 +168,27 @@ def summarize_state(S, n: int, names: Sequence[str], counters: Optional[np.ndarr
     """The sweep's row (without the grid and policy columns) from a run's final state arrays
     (fairlib/sim/state.py). ``counters``: the policy's per-tenant counters, or None."""
     RF, RI, TF, TI = S.RF, S.RI, S.TF, S.TI
-    machine = TF[T_MACHINE]
+    machine = TF[state.T_MACHINE]
     total = machine.sum()
-    busy = float(S.sf[BUSY_MS])
+    busy = float(S.sf[state.BUSY_MS])
     share = machine / total if total > 0 else np.full(machine.size, np.nan)
-    decode = TF[T_DECODE]
+    decode = TF[state.T_DECODE]
     dtotal = decode.sum()
-    done = RI[STATUS, :n] == FINISHED
-    arrival = RF[ARRIVAL, :n][done]
+    done = RI[state.STATUS, :n] == state.FINISHED
+    arrival = RF[state.ARRIVAL, :n][done]
     if arrival.size:
-        lat = np.percentile(np.stack([RF[FIRST, :n][done] - arrival, RF[FINISH, :n][done] - arrival]),
-                            [50.0, 99.0], axis=1)   # lat[q, metric]
+        lat = np.percentile(np.stack([RF[state.FIRST, :n][done] - arrival,
+                                      RF[state.FINISH, :n][done] - arrival]), [50.0, 99.0], axis=1)   # lat[q, metric]
         ttft, e2e = (float(lat[0, 0]), float(lat[1, 0])), (float(lat[0, 1]), float(lat[1, 1]))
     else:
         ttft = e2e = (math.nan, math.nan)
     row = {
-        "requests": int(n), "rejected": int(TI[T_REJECTED].sum()), "admitted": int(TI[T_ADMITTED].sum()),
-        "finished": int(TI[T_FINISHED].sum()),
-        "busy_ms": busy, "end_ms": float(S.sf[T_NOW]), "iterations": int(S.si[ITERATIONS]),
-        "decode_tokens": int(S.si[DECODE_TOKENS]),
-        "prefill_frac": float(TF[T_PREFILL].sum() / busy) if busy > 0 else math.nan,
+        "requests": int(n), "rejected": int(TI[state.T_REJECTED].sum()),
+        "admitted": int(TI[state.T_ADMITTED].sum()),
+        "finished": int(TI[state.T_FINISHED].sum()),
+        "busy_ms": busy, "end_ms": float(S.sf[state.T_NOW]), "iterations": int(S.si[state.ITERATIONS]),
+        "decode_tokens": int(S.si[state.DECODE_TOKENS]),
+        "prefill_frac": float(TF[state.T_PREFILL].sum() / busy) if busy > 0 else math.nan,
         "max_min": _index(max_min_ratio, share), "jain": _index(jain_index, share),
         "counter_max_min": _index(max_min_ratio, np.asarray(counters, float)) if counters is not None else math.nan,
         "ttft_p50": ttft[0], "ttft_p99": ttft[1], "e2e_p50": e2e[0], "e2e_p99": e2e[1],
@@ -186,9 +198,9 @@ def summarize_state(S, n: int, names: Sequence[str], counters: Optional[np.ndarr
     for i, name in enumerate(names):
         row[f"decode_share_{name}"] = float(decode[i] / dtotal) if dtotal > 0 else math.nan
     for i, name in enumerate(names):
-        row[f"prefill_share_{name}"] = float(TF[T_PREFILL, i] / busy) if busy > 0 else math.nan
+        row[f"prefill_share_{name}"] = float(TF[state.T_PREFILL, i] / busy) if busy > 0 else math.nan
     for i, name in enumerate(names):
-        row[f"decode_tokens_{name}"] = int(TI[T_TOKENS, i])
+        row[f"decode_tokens_{name}"] = int(TI[state.T_TOKENS, i])
     return row
 
 
@@ -229,7 +241,7 @@ def _run_chunk(build, tasks, specs, horizon_ms):
 
 def _warm():
     """Load (or compile) the kernel in this process, so forked workers inherit it."""
-    sc = Scenario((Tenant("warm", output=8, prompt=16, rate_rps=20.0),), duration_s=1.0)
+    sc = Scenario((TenantSpec("warm", output=8, prompt=16, rate_rps=20.0),), duration_s=1.0)
     run_point(sc, 0, ["fcfs"], 100.0)
 
 
@@ -272,6 +284,37 @@ def sweep(build: Union[Callable[..., Scenario], Scenario], grid: Optional[Mappin
     progress: a tqdm bar over runs; None: only when stderr is a terminal.
     """
     specs = _specs(policies)
+    build, points = _points(build, grid)
+    seeds = [int(s) for s in seeds]
+    tasks = [(i, point, seed) for i, (point, seed) in enumerate(itertools.product(points, seeds))]
+    n_runs = len(tasks) * len(specs)
+    if chunk_runs is not None and (isinstance(chunk_runs, bool) or not float(chunk_runs).is_integer()
+                                   or chunk_runs < 1):
+        raise ValueError(f"sweep: chunk_runs must be an integer >= 1, got {chunk_runs!r}")
+    own, pool, max_workers = _executor(executor, max_workers)
+    if pool is None:
+        workers = 1
+    else:
+        workers = getattr(pool, "_max_workers", None) or max_workers or os.cpu_count() or 1
+    per_task = len(specs)
+    if chunk_runs is None:
+        n_chunks = max(4 * workers, math.ceil(n_runs / 200))
+        size = max(1, math.ceil(len(tasks) / max(1, n_chunks)))
+    else:
+        size = max(1, int(chunk_runs) // per_task)
+    chunks = [tasks[i:i + size] for i in range(0, len(tasks), size)]
+    results = _run_chunks(build, chunks, specs, horizon_ms, pool, own, n_runs if _show_progress(progress) else None)
+    records = []
+    for index, point, seed in tasks:
+        for row in results[index]:
+            records.append({**point, "seed": seed, **row})
+    df = pd.DataFrame.from_records(records)
+    return df
+
+
+def _points(build, grid) -> tuple:
+    """``(build, points)``: the checked builder (a fixed Scenario wrapped) and the grid's points,
+    ``itertools.product`` of its values, the last parameter varying fastest."""
     grid = dict(grid or {})
     if isinstance(build, Scenario):
         if grid:
@@ -285,14 +328,13 @@ def sweep(build: Union[Callable[..., Scenario], Scenario], grid: Optional[Mappin
     if "seed" in grid:
         raise ValueError("sweep: 'seed' is the seeds argument, not a grid parameter")
     keys = list(grid)
-    points = [dict(zip(keys, vals)) for vals in itertools.product(*(list(grid[k]) for k in keys))]
-    seeds = [int(s) for s in seeds]
-    tasks = [(i, point, seed) for i, (point, seed) in enumerate(itertools.product(points, seeds))]
-    n_runs = len(tasks) * len(specs)
-    if chunk_runs is not None and (isinstance(chunk_runs, bool) or not float(chunk_runs).is_integer()
-                                   or chunk_runs < 1):
-        raise ValueError(f"sweep: chunk_runs must be an integer >= 1, got {chunk_runs!r}")
+    return build, [dict(zip(keys, vals)) for vals in itertools.product(*(list(grid[k]) for k in keys))]
 
+
+def _executor(executor, max_workers) -> tuple:
+    """``(own, pool, max_workers)``: the pool the runs go to (None: this process), whether the sweep
+    made it (and shuts it down), and the worker count (a Dask client's cluster size when not given)."""
+    pool: Optional[Executor]
     if isinstance(executor, str):
         if executor != "serial":
             raise ValueError(f"sweep: executor must be None, 'serial', an Executor or a Dask Client; got {executor!r}")
@@ -315,24 +357,18 @@ def sweep(build: Union[Callable[..., Scenario], Scenario], grid: Optional[Mappin
         own, pool = False, executor
     else:
         raise ValueError(f"sweep: executor must be None, 'serial', an Executor or a Dask Client; got {executor!r}")
+    return own, pool, max_workers
 
-    if pool is None:
-        workers = 1
-    else:
-        workers = getattr(pool, "_max_workers", None) or max_workers or os.cpu_count() or 1
+
+def _run_chunks(build, chunks: list, specs, horizon_ms, pool, own: bool, bar_total: Optional[int]) -> dict:
+    """Task index -> its rows, every chunk run in this process (``pool`` None) or on ``pool`` (shut
+    down after when ``own``); a tqdm bar over ``bar_total`` runs when given."""
     per_task = len(specs)
-    if chunk_runs is None:
-        n_chunks = max(4 * workers, math.ceil(n_runs / 200))
-        size = max(1, math.ceil(len(tasks) / max(1, n_chunks)))
-    else:
-        size = max(1, int(chunk_runs) // per_task)
-    chunks = [tasks[i:i + size] for i in range(0, len(tasks), size)]
-
     results = {}
     bar = None
-    if _show_progress(progress):
+    if bar_total is not None:
         from tqdm.auto import tqdm
-        bar = tqdm(total=n_runs, unit="run", desc="sweep", smoothing=0.1)
+        bar = tqdm(total=bar_total, unit="run", desc="sweep", smoothing=0.1)
     try:
         if pool is None:
             for chunk in chunks:
@@ -350,15 +386,9 @@ def sweep(build: Union[Callable[..., Scenario], Scenario], grid: Optional[Mappin
     finally:
         if bar is not None:
             bar.close()
-        if own:
+        if own and pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-
-    records = []
-    for index, point, seed in tasks:
-        for row in results[index]:
-            records.append({**point, "seed": seed, **row})
-    df = pd.DataFrame.from_records(records)
-    return df
+    return results
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ inference using phase splitting", ISCA 2024. Columns: ``TIMESTAMP``, ``ContextTo
 tokens), ``GeneratedTokens`` (output tokens).
 
     df = load_azure_trace("code")        # timestamp, arrival_s, prompt_tokens, output_tokens
-    t = trace_tenant("conv", machine_ms_per_s=750)   # a Tenant drawing the conversation lengths
+    t = trace_tenant("conv", machine_ms_per_s=750)   # a TenantSpec drawing the conversation lengths
 
 The raw CSVs are never committed. :func:`load_azure_trace` reads a local copy (``path``; else the
 directory in ``$FAIRLIB_AZURE_TRACE_DIR``; else ``../shared/data/azure-llm-inference-2023`` next
@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from fairlib.paths import data_dir, repo_root
-from fairlib.workload import Empirical, Tenant
+from fairlib.workload import Empirical, TenantSpec
 
 __all__ = ["load_azure_trace", "trace_summary", "trace_quantiles", "write_trace_tables", "read_trace_summary",
            "read_trace_quantiles", "trace_lengths", "trace_tenant", "find_trace_file", "KINDS", "TRACE_URL",
@@ -118,6 +118,7 @@ def load_azure_trace(kind: str = "code", path: Union[str, Path, None] = None,
         download from ``url`` (default :data:`TRACE_URL`) into ``cache_dir`` when ``download``.
     """
     _check_kind(kind)
+    p: Optional[Path]
     if path is not None:
         p = Path(path)
         if p.is_dir():
@@ -242,9 +243,9 @@ def trace_lengths(kind: str, source: str = "quantiles") -> tuple:
     raise ValueError(f"source must be 'quantiles' or 'raw', got {source!r}")
 
 
-def trace_tenant(kind: str, name: Optional[str] = None, source: str = "quantiles", **tenant_kw) -> Tenant:
-    """A :class:`~fairlib.workload.Tenant` drawing one service's prompt and output lengths
-    (independently, see the module notes); give its load as for any Tenant (``rate_rps=`` or
+def trace_tenant(kind: str, name: Optional[str] = None, source: str = "quantiles", **tenant_kw) -> TenantSpec:
+    """A :class:`~fairlib.workload.TenantSpec` drawing one service's prompt and output lengths
+    (independently, see the module notes); give its load as for any TenantSpec (``rate_rps=`` or
     ``machine_ms_per_s=``). ``name`` defaults to the service (``"code"``, ``"conv"``)."""
     prompt, output = trace_lengths(kind, source)
-    return Tenant(name or kind, output=output, prompt=prompt, **tenant_kw)
+    return TenantSpec(name or kind, output=output, prompt=prompt, **tenant_kw)

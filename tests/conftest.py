@@ -5,8 +5,16 @@ default for SIGTERM is to die at once, skipping the fixtures' teardown, which le
 servers and papermill children running (and still sending requests). As KeyboardInterrupt, pytest
 stops, tears the fixtures down (engines stopped with their process groups) and `subprocess.run`
 kills the child it waits on.
+
+Also here: the work units of ``pytest -n N`` (tests/xdist_units.py), the real engines started
+once per session (:func:`engines`), and under ``CI=true`` a skipped ``engine`` test reported as
+a failure (tests/ci.py).
 """
 import signal
+
+import pytest
+
+from ci import in_ci
 
 
 def _sigterm(signum, frame):
@@ -15,3 +23,56 @@ def _sigterm(signum, frame):
 
 def pytest_configure(config):
     signal.signal(signal.SIGTERM, _sigterm)
+
+
+@pytest.hookimpl(optionalhook=True)      # a hook of pytest-xdist's: absent under -p no:xdist
+def pytest_xdist_make_scheduler(config, log):
+    from xdist_units import FileUnits
+    return FileUnits(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``timing`` the tests in tests/xdist_units.py's TIMING_TESTS, and run the ``engine``
+    tests last (stable): an engine started for the session idles beside the timing tests otherwise."""
+    from xdist_units import is_timing
+    for item in items:
+        if is_timing(item.nodeid):
+            item.add_marker(pytest.mark.timing)
+    items.sort(key=lambda item: item.get_closest_marker("engine") is not None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI, an ``engine`` test that skipped (any cause) fails: CI must not be green with
+    the real engines unmeasured."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and in_ci() and item.get_closest_marker("engine") is not None and not hasattr(rep, "wasxfail"):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        rep.outcome = "failed"
+        rep.longrepr = f"an engine test skipped under CI=true: {reason}"
+
+
+@pytest.fixture(scope="session")
+def engines():
+    """``engines(kind)``: the real engine ``kind`` started as the book starts it
+    (``fairlib.calibrate.fit.start``), once per session and shared by every test that asks (vLLM
+    takes 60-90 s to start on 2 cores). At the end each is stopped and checked gone: nothing left
+    in its process group, its port free."""
+    from fairlib.calibrate.lifecycle import group_members, port_is_free
+    from ci import start_engine_or_fail
+    started: dict = {}
+
+    def get(kind: str):
+        if kind not in started:
+            started[kind] = start_engine_or_fail(kind)
+        return started[kind]
+
+    yield get
+    left = {}
+    for kind, eng in started.items():
+        pgid, port = eng.pid, eng.port
+        eng.stop()
+        if group_members(pgid) or not port_is_free(port):
+            left[kind] = {"processes": group_members(pgid), "port_free": port_is_free(port)}
+    assert not left, f"engines not gone after stop: {left}"

@@ -247,12 +247,16 @@ def test_cli_report(tmp_path, capsys):
     assert an.main(["--run", *dirs["noisy_neighbor"], "--baseline", *dirs["victim_baseline"], "--out", str(out),
                     "--plots", "--n-boot", "50"]) == 0
     text = out.read_text()
-    for s in ("## noisy_neighbor (sim)", "### Validity", "### Per tenant", "### Victim degradation (interactive",
-              "### Fairness", "jain_tokens_demand", "p99", "![noisy_neighbor ttft](report_plots/"):
+    for s in ("## noisy_neighbor [sim:fcfs]", "### Validity", "### Per tenant", "### Victim degradation (interactive",
+              "### Fairness", "jain_tokens_demand", "p99", "![noisy_neighbor ttft](report_plots/", "**Question.**",
+              "**Answer.** Latency isolation", "## Glossary", "- **jain_residency_demand**: "):
         assert s in text, s
-    svgs = sorted(p.name for p in (tmp_path / "rep" / "report_plots").iterdir())
-    assert "noisy_neighbor_sim_ttft.svg" in svgs and "noisy_neighbor_sim_jain.svg" in svgs
-    assert (tmp_path / "rep" / "report_plots" / "noisy_neighbor_sim_shares.svg").read_text().startswith("<svg")
+    assert "('interactive', 'ttft')" not in text and "| nan" not in text     # no Python tuples, no nan cells
+    plots = tmp_path / "rep" / "report_plots"
+    for kind in ("ttft", "jain", "shares", "ttft_over_time", "goodput", "engine", "victim"):
+        svg, png = plots / f"noisy_neighbor_sim-fcfs_{kind}.svg", plots / f"noisy_neighbor_sim-fcfs_{kind}.png"
+        assert svg.read_text().startswith("<svg") and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", kind
+        assert int.from_bytes(png.read_bytes()[16:20], "big") >= 700, kind     # the PNG's width (IHDR)
     assert an.main(["--run", str(tmp_path / "missing"), "--out", str(out)]) == 2
     from fairlib import cli
     assert cli.main(["analyze", "--run", *dirs["noisy_neighbor"], "--out", str(tmp_path / "r2.md"),
@@ -299,8 +303,14 @@ def test_analyze_run_builds_the_intervals_once_and_gives_the_same_tables(monkeyp
     def counting(*args, **kw):
         calls.append(args[1:])
         return build(*args, **kw)
-    monkeypatch.setattr(an_service, "build_intervals", counting)
-    monkeypatch.setattr(an_run, "build_intervals", counting)
+    # every name it is built through (intervals_for, which residency, fairness and the windowed
+    # indices call when given none, reads the intervals module's own)
+    from fairlib.analysis import intervals as an_intervals
+    for mod in (an_service, an_run, an_intervals):
+        monkeypatch.setattr(mod, "build_intervals", counting)
+    an.residency(run, "load", names)                # built on its own: the counter sees it
+    assert len(calls) == 1
+    calls.clear()
     a = an.analyze_run(run, window_s=4.0, n_boot=20)
     assert len(calls) == 1
     pd.testing.assert_frame_equal(a.residency, res, check_exact=True)

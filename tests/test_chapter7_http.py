@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 from fairlib import analysis as an
+from fairlib.analysis import intervals
+from fairlib.sim.engine import Engine
 from fairlib import records, scenarios
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,10 +88,23 @@ def test_measured_tables_agree_with_the_simulator(chapter_over_http, name):
     tol = 30.0 + 0.3 * s["ttft_p50_ms"]
     assert ((m["ttft_p50_ms"] - s["ttft_p50_ms"]).abs() <= tol).all(), (m["ttft_p50_ms"].tolist(),
                                                                         s["ttft_p50_ms"].tolist())
-    # the iteration cost fitted from the measured streams is the server's engine model, roughly
+    # the iteration cost fitted from the measured streams is the server's engine model
     fit = measured.cost_fit
     assert fit["prefill_ms_per_token"] == pytest.approx(0.06, rel=0.3)
-    assert 5.0 < fit["iter_base_ms"] + 24 * fit["iter_slope_ms"] < 35.0
+    # At the ticks the streams show (B streams emitting, P prompt tokens starting in each) the
+    # server sleeps to dt = 9 + 0.55 B + 0.06 P ms (Engine(): the server's engine model), so the
+    # model predicts every tick, and the fitted line at the ticks' mean (B, P) is their mean
+    # duration (least squares with an intercept passes through the means): the two differ by the
+    # server's emission lag alone. Seen 0.96-1.03 of the prediction (2026-12-04, the three
+    # scenarios, a busy machine); bound 10%. The bound this replaces, 5 < dt(B = 24) < 35 ms, passed
+    # a 2x error and extrapolated to B = 24, which a run of small batches cannot carry
+    # (victim_baseline, mean B 2.5: its fitted slope came out negative, dt(24) = -0.3 ms).
+    B, P, dt = intervals.tick_table(intervals.build_intervals(measured.run.records, None, None))
+    ok = (B > 0) & np.isfinite(dt) & (dt > 0)
+    e = Engine()
+    predicted = float(np.mean(e.iter_base_ms + e.iter_slope_ms * B[ok] + e.prefill_ms_per_token * P[ok]))
+    fitted = fit["iter_base_ms"] + fit["iter_slope_ms"] * B[ok].mean() + fit["prefill_ms_per_token"] * P[ok].mean()
+    assert fitted == pytest.approx(predicted, rel=0.10), (fit, predicted, float(B[ok].mean()))
 
 
 def test_victim_degradation_agrees(chapter_over_http):
@@ -98,6 +113,18 @@ def test_victim_degradation_agrees(chapter_over_http):
     base = records.load_run(runs_dir / "victim_baseline" / "fcfs" / f"seed{SEED}")
     vm = an.victim_degradation(cont, base, n_boot=100)
     vs = an.victim_degradation(_sim("noisy_neighbor").run, _sim("victim_baseline").run, n_boot=100)
-    # the burst hurts the victim on both backends, by a similar factor
+    # the burst hurts the victim on both backends
     assert vm.loc["ttft_p50_ms", "ratio"] > 3 and vs.loc["ttft_p50_ms", "ratio"] > 3
-    assert np.log(vm.loc["ttft_p50_ms", "ratio"] / vs.loc["ttft_p50_ms", "ratio"]) == pytest.approx(0, abs=0.7)
+    # by the factor the engine model predicts: the server runs the simulator's model on the same
+    # schedule, so each measured TTFT is the simulated one plus the HTTP path's overhead d (the
+    # client's send, the server's parse and first write), the same few ms alone and under
+    # contention. d is measured on the baseline run (measured - simulated p50 alone: 5.5 ms on
+    # 2026-12-04), and the predicted ratio (contention_sim + d) / (alone_sim + d) was the measured
+    # one within 0.1% there (104.1 against 104.2; the simulated ratio, 124, is not: d weighs on a
+    # 29-ms TTFT alone). Bound: 25% (|log| <= 0.22), for the queue's noise under contention; the
+    # bound this replaces, |log(measured / simulated)| <= 0.7, passed a 2x error.
+    m, s = vm.loc["ttft_p50_ms"], vs.loc["ttft_p50_ms"]
+    d = m["alone"] - s["alone"]
+    assert -2.0 <= d <= 30.0, (m.to_dict(), s.to_dict())         # a few ms (the tables above allow 30)
+    predicted = (s["contention"] + d) / (s["alone"] + d)
+    assert abs(np.log(m["ratio"] / predicted)) <= 0.22, (m.to_dict(), s.to_dict(), predicted)

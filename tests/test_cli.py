@@ -9,7 +9,7 @@ import pytest
 
 from fairlib.cli import build_parser, main
 from fairlib.client import load_records, load_summary
-from fairlib.calibrate.probe import load_engine
+from fairlib.calibrate.probe import load_probed_engine
 from fairlib.records import load_run
 from fairlib.serve import ServerProcess, config_from_args
 
@@ -65,7 +65,7 @@ def test_serve_refuses_bad_options():
 
 
 def test_probe_cli_writes_a_loadable_engine(probe_file):
-    eng = load_engine(probe_file)
+    eng = load_probed_engine(probe_file)
     assert eng.iter_base_ms == pytest.approx(2.0, abs=0.5)
     assert eng.iter_slope_ms == pytest.approx(0.2, abs=0.1)
     assert eng.max_batch == 4   # the largest batch tried (a lower bound: the sweep never filled it)

@@ -14,7 +14,8 @@ import pytest
 from fairlib.analysis.reporting import main as analyze_main
 from fairlib.analysis.service import token_service
 from fairlib.client import EndpointConfig, build_schedule, load_records, load_summary, run
-from fairlib.client.sse import StreamAccumulator, loads_finite
+from fairlib.client.stream import StreamAccumulator
+from fairlib.protocol.sse import loads_finite
 from fairlib.records import load_run
 from fairlib.records.rundir import RecordWriter, read_jsonl
 from fairlib.records.schema import new_record

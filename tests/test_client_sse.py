@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fairlib.serve.replay import llamacpp_chunks, load_frames, vllm_chunks
-from fairlib.client.sse import (DONE, MalformedSSE, SSEParser, StreamAccumulator, StreamError,
-                                decode_payload, interpret_chunk)
+from fairlib.client.stream import StreamAccumulator
+from fairlib.protocol.sse import DONE, MalformedSSE, SSEParser, StreamError, decode_payload, interpret_chunk
 
 FIX = Path(__file__).parent / "fixtures"
 

@@ -3,8 +3,6 @@
 estimator, alone and over HTTP in front of ``fairlib serve``."""
 import json
 import math
-import threading
-import time
 
 import numpy as np
 import pandas as pd
@@ -153,10 +151,65 @@ def test_the_protocols_phases_mix_and_cut(small):
     tb = small["category"].map(drift.T_BASE)
     assert (small["output_tokens"] <= tb).all() and (small["output_tokens"] == np.minimum(small["true_tokens"], tb)).all()
     assert (small["cut"] == (small["true_tokens"] >= tb)).all() and small["cut"].any()
-    for c, (lo, hi) in ds.PROMPT_WORDS.items():
-        pw = small.loc[small["category"] == c, "prompt_words"]
-        assert pw.between(lo, hi).all()
     assert set(small["tier"]) == {0, 1, 2}
+    # the paper's prompts: the generator's prefix (8 words) and one question of 4-15 words
+    assert small["prompt_words"].between(12, 24).all() and small["prompt_words"].nunique() > 5
+    by_cat = small.groupby("category")["prompt_words"].mean()
+    assert by_cat["report"] > by_cat[["short_qa", "summary", "technical"]].max()
+    # answers: 70% reach the cap (500 draws: within 3 sd), written as prose (~1.27 tokens per word)
+    assert abs(small["cut"].mean() - ds.PAPER.cap_share) < 3 * math.sqrt(0.21 / len(small))
+    tpw = small["output_tokens"].sum() / small["output_words"].sum()
+    assert 1.2 < tpw < 1.35, tpw
+    assert (small["drain_s"] == 15.0).all() and (small["poll_s"] == 2.0).all()
+    assert np.allclose(small["gap_ms"].cumsum(), small["arrival_ms"])
+
+
+def test_the_first_protocol_is_kept_as_it_was(counter):
+    """EARLIER: uniform prompt words, the book's answer medians and styles (technical as code), no
+    drain; seeded as the chapter's first version drew it (seed 0's first requests as saved then)."""
+    from fairlib.chapters import driftsched as ds
+    e = ds.protocol_requests(0, counter, n_cal=200, n_stress=300, protocol=ds.EARLIER)
+    for c, (lo, hi) in ds.PROMPT_WORDS.items():
+        assert e.loc[e["category"] == c, "prompt_words"].between(lo, hi).all()
+    assert e["drain_s"].isna().all()
+    code = e[e["category"] == "technical"]
+    assert code["output_tokens"].sum() / code["output_words"].sum() > 2.2      # code: many tokens a word
+    # seed 0's first requests as the first version drew them (read off it before the protocol split)
+    assert list(e["prompt_words"].iloc[:5]) == [133, 22, 8, 178, 17]
+    assert list(e["true_tokens"].iloc[:5]) == [183, 89, 31, 272, 88]
+    assert list(e["output_words"].iloc[:5]) == [64, 59, 28, 104, 55]
+    assert list(e["prompt_tokens"].iloc[:5]) == [373, 27, 8, 451, 21]
+
+
+def test_protocol_options_are_checked():
+    from fairlib.chapters.driftsched_protocol import Protocol
+    with pytest.raises(ValueError, match="prompts must be 'templates' or 'uniform'"):
+        Protocol("x", prompts="long")
+    with pytest.raises(ValueError, match="cap_share must be in"):
+        Protocol("x", cap_share=1.0)
+    with pytest.raises(ValueError, match="styles must give each of short_qa"):
+        Protocol("x", styles={"short_qa": "prose"})
+    with pytest.raises(ValueError, match="drain_s must be seconds"):
+        Protocol("x", drain_s=-1.0)
+
+
+def test_the_drain_starts_the_stress_phase_after_the_queue_is_seen_empty(small):
+    """With the drain the generator looks at the queue every poll_s after its last calibration
+    request; 15 s after the first look that finds every calibration request taken, the stress
+    phase starts, its own gaps kept. Rebuilt from the run's admissions."""
+    from fairlib.chapters import driftsched as ds
+    for name in ("static", "continuous"):
+        out = ds.run_protocol(small, ds.ENGINES[name], "fcfs")
+        cal, st = out[out["phase"] == "calibration"], out[out["phase"] == "stress"]
+        last = cal["arrival_ms"].iloc[-1]
+        empty = cal["admitted_ms"].max()
+        k = max(0, math.ceil((empty - last) / 2000.0))
+        seen = last + 2000.0 * k
+        assert seen >= empty and (k == 0 or seen - 2000.0 < empty)
+        assert st["arrival_ms"].iloc[0] == pytest.approx(seen + 15000.0 + st["gap_ms"].iloc[0])
+        assert np.allclose(np.diff(st["arrival_ms"]), st["gap_ms"].iloc[1:])
+        assert (cal["arrival_ms"] == small.loc[small["phase"] == "calibration", "arrival_ms"]).all()
+        assert ((out["e2e_s"] * 1e3 + out["arrival_ms"]) - out["finish_ms"]).abs().max() < 1e-6
 
 
 def test_a_static_worker_learns_only_when_its_batch_is_back(small):
@@ -189,7 +242,7 @@ def test_arrival_by_arrival_equals_a_table_run(small, engine):
     import fairlib
     from fairlib.chapters import driftsched as ds
     out = ds.run_protocol(small, ds.ENGINES[engine], "fcfs")
-    table = pd.DataFrame({"arrival_ms": small["arrival_ms"], "tenant": small["tier"],
+    table = pd.DataFrame({"arrival_ms": out["arrival_ms"], "tenant": small["tier"],
                           "prompt_tokens": small["prompt_tokens"], "output_tokens": small["output_tokens"]})
     res = fairlib.simulate(table, ds.ENGINES[engine], "fcfs", n_tenants=3)
     assert np.array_equal(out["admitted_ms"].to_numpy(), res.requests["admitted_ms"].to_numpy())
@@ -268,7 +321,8 @@ def test_gateway_estimates_learns_and_orders_sjf_over_http(tmp_path):
                  '[[tenant]]\nname = "n"\n')
     with ServerThread(ServeConfig(engine=eng, model="sim-model", port=0, n_tenants=4)) as up:
         gw = GatewayThread(GatewayConfig(upstreams=(up.base_url,), port=0, max_inflight=1, policy="sjf",
-                                         tenants=str(f), estimator="tokens", health_interval_s=0.2)).start()
+                                         tenants=str(f), estimator="tokens", health_interval_s=0.2,
+                                         record_events=True)).start()
         try:
             cats = ["report", "short_qa", "summary"]
             order = _order_of_admission(gw, [(completion(2), {FID: "b", "x-fairlib-category": c}) for c in cats],
@@ -363,3 +417,39 @@ def test_run_steps_engine_never_builds_an_impossible_engine(tmp_path, steps, wan
     run = SimpleNamespace(path=str(tmp_path), extra={"sim_engine": Engine(2.0, 0.5, 0.25, 4).to_dict()})
     e = ds.run_steps_engine(run)
     assert (e.iter_base_ms, e.iter_slope_ms) == pytest.approx(want)
+
+
+# --- the paper's figures from a protocol's runs (fairlib.chapters.driftsched_figures) ----------------
+def test_figures_are_aggregated_as_the_chapter_aggregates_them(small):
+    """figures_table: latencies averaged over the seeds, SJF's cuts from those means; the error cuts
+    the mean over the schedulers of error_table's per-run cuts (checked against runs made here)."""
+    from fairlib.chapters import driftsched as ds
+    from fairlib.chapters import driftsched_figures as dfig
+    halves = {0: small.iloc[:250].reset_index(drop=True), 1: small.iloc[250:].reset_index(drop=True)}
+    halves[1] = halves[1].assign(arrival_ms=halves[1]["arrival_ms"] - halves[1]["arrival_ms"].iloc[0] + 1.0)
+    eng = ds.ENGINES["static"]
+    pols = ("FIFO", "SJF", "Priority")
+    t = dfig.figures_table({"x": ("k", eng)}, [0, 1], lambda key, s: halves[s], policies=pols).loc["x"]
+    p50 = {p: [ds.run_protocol(halves[s], eng, *ds.POLICIES[p], counting="words")["e2e_s"].quantile(0.5)
+               for s in (0, 1)] for p in ("FIFO", "SJF")}
+    assert t["SJF p50 cut (%)"] == pytest.approx(100 * (1 - np.mean(p50["SJF"]) / np.mean(p50["FIFO"])))
+    runs = pd.concat([ds.run_protocol(halves[s], eng, *ds.POLICIES[p], counting="words")
+                      .assign(counting="words", engine="static", policy=p, seed=s) for p in pols for s in (0, 1)])
+    assert t["MAE cut (%)"] == pytest.approx(ds.error_table(runs)["MAE cut (%)"].mean())
+    with pytest.raises(ValueError, match="policies must include FIFO, SJF and Priority"):
+        dfig.paper_figures(small, eng, policies=("FIFO", "SJF"))
+
+
+def test_the_step_factor_fit_recovers_a_known_step(small):
+    """Priority's latencies made at step x1.2 are recovered from a grid around it (error 0 there)."""
+    from fairlib.chapters import driftsched as ds
+    from fairlib.chapters import driftsched_figures as dfig
+    o = ds.run_protocol(small, ds.l4_engines(1.2)["static"], "priority", counting="words")
+    pub = [o.loc[o["tier"] == 0, "e2e_s"].mean(), o.loc[o["tier"] == 2, "e2e_s"].mean()]
+    f, table = dfig.fit_step_factor([small], pub, grid=(1.0, 1.1, 1.2, 1.3))
+    assert f == 1.2 and table.loc[1.2, "squared log error"] == pytest.approx(0.0, abs=1e-24)
+    assert (table["squared log error"].drop(1.2) > 0).all()
+    with pytest.raises(ValueError, match="published must be Priority"):
+        dfig.fit_step_factor([small], [77.0])
+    with pytest.raises(ValueError, match="step_factor must be"):
+        ds.l4_engines(0.0)

@@ -290,3 +290,59 @@ def test_a_real_engine_runs_under_sched_idle_and_its_children_inherit(fake):
     assert DEFAULT_SCHED_IDLE["vllm"] and DEFAULT_SCHED_IDLE["llamacpp"] and not DEFAULT_SCHED_IDLE["fairlib"]
     with start_engine("fairlib", command=fake(0.0)) as same:       # the test double: unchanged
         assert sched_of(same.pid) == "other" and sched_of(os.getpid()) == "other"
+
+
+def affinity_or(tid: int, default):
+    """A thread's CPUs, or ``default`` when it ended in between (the fake server's handler threads)."""
+    try:
+        return os.sched_getaffinity(tid)
+    except ProcessLookupError:
+        return default
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and two CPUs")
+def test_an_engine_confined_to_cpus_and_its_children_inherit(fake):
+    """``cpus``: the engine and every process it starts run on those CPUs only (split_cpus gives
+    the engine the first CPU this process may use and the caller the rest); bad CPUs are refused."""
+    from fairlib.calibrate.processes import check_cpus, split_cpus
+    engine_cpus, rest = split_cpus()
+    allowed = os.sched_getaffinity(0)
+    assert engine_cpus | rest == allowed and not engine_cpus & rest and len(engine_cpus) == 1
+    eng = start_engine("fairlib", command=fake(0.2, "child"), cpus=engine_cpus)
+    try:
+        assert os.sched_getaffinity(eng.pid) == engine_cpus
+        deadline = time.monotonic() + 5
+        while len(eng.pids()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kids = [p for p in eng.pids() if p != eng.pid]
+        assert kids and all(os.sched_getaffinity(p) == engine_cpus for p in kids)
+    finally:
+        eng.stop()
+    assert os.sched_getaffinity(0) == allowed                       # the caller's own: unchanged
+    with start_engine("fairlib", command=fake(0.0)) as anywhere:   # default: not confined
+        assert os.sched_getaffinity(anywhere.pid) == allowed
+    assert check_cpus(None) is None and check_cpus([min(allowed)]) == {min(allowed)}
+    with pytest.raises(ValueError, match="cpus must be a non-empty set of the CPUs"):
+        check_cpus([max(allowed) + 64])
+    with pytest.raises(ValueError, match="cpus must be a non-empty set"):
+        start_engine("fairlib", command=fake(0.0), cpus=[])
+    with pytest.raises(ValueError, match="cpus must be CPU numbers"):
+        check_cpus(["x"])
+    with pytest.raises(ValueError, match="cpus must be CPU numbers"):
+        check_cpus("01")                 # a string is not a set of CPUs
+    with pytest.raises(ValueError, match="unexpected flags \\['cpus'\\]"):
+        start_engine("external", base_url="http://127.0.0.1:9/v1", cpus=engine_cpus)
+    # front_cpus: once up, the first process moves (its threads), its children stay on cpus
+    eng = start_engine("fairlib", command=fake(0.2, "child"), cpus=engine_cpus, front_cpus=rest)
+    try:
+        deadline = time.monotonic() + 5
+        while len(eng.pids()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(affinity_or(int(t), rest) == rest for t in os.listdir(f"/proc/{eng.pid}/task"))
+        kids = [p for p in eng.pids() if p != eng.pid]
+        assert kids and all(os.sched_getaffinity(p) == engine_cpus for p in kids)
+    finally:
+        eng.stop()
+    with pytest.raises(ValueError, match="front_cpus must be a non-empty set"):
+        start_engine("fairlib", command=fake(0.0), front_cpus=[])

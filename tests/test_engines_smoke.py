@@ -1,12 +1,14 @@
 """The measurement client against the real engines (vLLM's CPU build, llama.cpp's llama-server).
 
 Skipped, with the reason, when an engine is not set up (``engines/setup_vllm.sh``,
-``engines/setup_llamacpp.sh``, ``engines/setup_models.sh``). Each test starts its engine on a
-free port, sends a small open-loop schedule (2 tenants, 20 requests, completions with exact
-token-id prompts and chat with text prompts, short forced outputs; on vLLM with
-``--scheduling-policy priority`` and per-request priorities), checks every record, stops
-the engine and checks that it is gone (process group empty, port free). A summary of each run
-(start-up time, RSS, latencies, wire-format facts) goes to ``.cache/engines/smoke-<kind>.json``.
+``engines/setup_llamacpp.sh``, ``engines/setup_models.sh``); under ``CI=true`` that fails instead
+(tests/ci.py). Each test takes its engine from the session (tests/conftest.py's ``engines``:
+started once, as the book starts it, shared with tests/test_real_engines.py; stopped at the end of
+the session and checked gone: process group empty, port free), sends a small open-loop schedule
+(2 tenants, 20 requests, completions with exact token-id prompts and chat with text prompts,
+short forced outputs; on vLLM with ``--scheduling-policy priority`` and per-request priorities)
+and checks every record. A summary of each run (start-up time, RSS, latencies, wire-format
+facts) goes to ``.cache/engines/smoke-<kind>.json``.
 """
 import json
 import time
@@ -16,8 +18,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ci import beside
 from fairlib.client import build_schedule, load_records, load_server_metrics, run
-from fairlib.calibrate.lifecycle import engine_available, group_members, port_is_free, start_engine
 from fairlib.paths import repo_root
 
 pytestmark = [pytest.mark.engine]
@@ -38,38 +40,23 @@ def workload(seed: int = 0, n: int = N_REQUESTS) -> pd.DataFrame:
     })
 
 
-def _needs(kind):
-    ok, why = engine_available(kind)
-    if not ok:
-        pytest.skip(f"{kind} engine not set up: {why}")
-
-
-def _smoke(kind, tmp_path, **flags):
-    _needs(kind)
+def _smoke(kind, tmp_path, engines):
     t0 = time.monotonic()
-    eng = start_engine(kind, **flags)
-    try:
-        startup_s = eng.startup_s
-        rss = eng.rss_bytes()
-        tok = eng.tokenizer()
-        assert tok is not None, "the tiny model's tokenizer.json was not found"
-        sched = build_schedule(workload(), seed=0, tokenizer=tok)
-        cfg = eng.endpoint_config()
-        t_run = time.monotonic()
+    eng = engines(kind)
+    startup_s = eng.startup_s
+    rss = eng.rss_bytes()
+    tok = eng.tokenizer()
+    assert tok is not None, "the tiny model's tokenizer.json was not found"
+    sched = build_schedule(workload(), seed=0, tokenizer=tok)
+    cfg = eng.endpoint_config()
+    t_run = time.monotonic()
+    with beside(kind):              # the client off a confined engine's CPU (tests/ci.py)
         summary = run(sched, cfg, tmp_path / "run")
-        run_s = time.monotonic() - t_run
-        rss_after = eng.rss_bytes()
-        df = load_records(tmp_path / "run")
-        sm = load_server_metrics(tmp_path / "run")
-        log_tail = eng.log_tail(20)
-    finally:
-        pgid = eng.pid
-        port = eng.port
-        eng.stop()
-    # stopped: nothing left in its process group, the port is free
-    assert eng.proc.returncode is not None
-    assert group_members(pgid) == [], f"{kind} processes left after stop: {group_members(pgid)}"
-    assert port_is_free(port), f"{kind}: port {port} still accepts connections after stop"
+    run_s = time.monotonic() - t_run
+    rss_after = eng.rss_bytes()
+    df = load_records(tmp_path / "run")
+    sm = load_server_metrics(tmp_path / "run")
+    log_tail = eng.log_tail(20)
 
     bad = df[df.error_class != "none"]
     assert bad.empty, (f"{kind}: {len(bad)} failed records:\n"
@@ -118,9 +105,9 @@ def _smoke(kind, tmp_path, **flags):
     return df, facts
 
 
-def test_vllm_smoke(tmp_path):
-    # priority scheduling on, so the request field `priority` is exercised too (lower first)
-    df, facts = _smoke("vllm", tmp_path, max_num_seqs=8, scheduling_policy="priority")
+def test_vllm_smoke(tmp_path, engines):
+    # priority scheduling on (fit.ENGINE_FLAGS), so the request field `priority` is exercised too (lower first)
+    df, facts = _smoke("vllm", tmp_path, engines)
     assert facts["endpoint"]["send_priority"]
     # --enable-per-request-metrics: server-side per-request timings in the usage chunk
     qt = df.server_timings.map(lambda s: ((s or {}).get("metrics") or {}).get("queue_time_ms"))
@@ -129,8 +116,8 @@ def test_vllm_smoke(tmp_path):
     assert (df.chunk_tokens.map(len) == df.n_token_chunks).all()
 
 
-def test_llamacpp_smoke(tmp_path):
-    df, facts = _smoke("llamacpp", tmp_path, n_parallel=4)
+def test_llamacpp_smoke(tmp_path, engines):
+    df, facts = _smoke("llamacpp", tmp_path, engines)
     # llama.cpp's final chunk has per-request server timings; predicted_n is the output length
     pn = df.server_timings.map(lambda s: (s or {}).get("predicted_n"))
     assert (pn == df.completion_tokens).all(), "llama.cpp timings.predicted_n should equal completion_tokens"

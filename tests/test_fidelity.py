@@ -13,7 +13,7 @@ from fairlib import Engine
 from fairlib import analysis as an
 from fairlib.calibrate import fit
 from fairlib.chapters import fidelity as fd
-from fairlib.calibrate.probe import load_engine as probe_load_engine
+from fairlib.calibrate.probe import load_probed_engine
 from fairlib.scenarios import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,23 +71,36 @@ def test_saved_fit_loads_into_an_engine(kind):
         assert key in d, key
     assert d["engine_info"]["version"] and d["engine_info"]["model_shape"]["layers"] == 4
     assert d["machine"]["cores"] >= 1 and d["machine"]["cpu_model"]
-    e = fit.load_engine(kind)
-    assert isinstance(e, Engine) and e == probe_load_engine(fit.data_path(kind))
+    e = fit.load_fitted_engine(kind)
+    assert isinstance(e, Engine) and e == load_probed_engine(fit.fit_data_path(kind))
     assert e == fit.engine_at(d)                                            # the reference context
     s = d["fit"]["summary"]
     assert s["decode_r2"] > 0.9 and s["prefill_r2"] > 0.95 and s["slope_ctx_ms_per_1k_tokens"] > 0
     assert fit.engine_at(d, 800).iter_slope_ms > fit.engine_at(d, 64).iter_slope_ms
     assert 0.8 < s["client_over_server_per_token"] < 1.2
     # a probe-style capacity file: scenarios load relative to the fitted engine
-    spec = load("fair_share", capacity=fit.data_path(kind))
+    spec = load("fair_share", capacity=fit.fit_data_path(kind))
     assert spec.engine == e
     assert len(d["points"]["decode"]) >= 30 and len(d["points"]["prefill"]) >= 15
 
 
+def test_old_loader_names_are_deprecated_aliases():
+    """``probe.load_engine`` and ``fit.load_engine`` (the book's old names) warn and give what
+    ``load_probed_engine`` and ``load_fitted_engine`` give; ``fit.data_path`` is gone (nothing
+    outside the package documented it)."""
+    from fairlib.calibrate import probe
+    e = fit.load_fitted_engine("vllm")
+    with pytest.warns(DeprecationWarning, match="load_fitted_engine"):
+        assert fit.load_engine("vllm") == e
+    with pytest.warns(DeprecationWarning, match="load_probed_engine"):
+        assert probe.load_engine(fit.fit_data_path("vllm")) == e
+    assert not hasattr(fit, "data_path")
+
+
 def test_mean_decode_context_of_constant_lengths():
-    from fairlib.workload import Constant, Scenario, Tenant
+    from fairlib.workload import Constant, Scenario, TenantSpec
     from fairlib.scenarios import ScenarioSpec, SLO
-    sc = Scenario((Tenant("a", output=Constant(10), prompt=Constant(100), rate_rps=1.0),), engine=Engine(), duration_s=1)
+    sc = Scenario((TenantSpec("a", output=Constant(10), prompt=Constant(100), rate_rps=1.0),), engine=Engine(), duration_s=1)
     spec = ScenarioSpec("x", sc, {"a": SLO(1, 1)}, "", 1.0)
     assert fit.mean_decode_context(spec) == pytest.approx(100 + 11 / 2)
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from fairlib import Engine, scenarios
-from fairlib.calibrate import fit
-from fairlib.calibrate.probe import load_engine as probe_load_engine
+from fairlib.calibrate import fit, identity
+from fairlib.calibrate.probe import load_probed_engine
 from fairlib.cli import main
 from fairlib.serve import ServerProcess
 
@@ -85,7 +85,7 @@ def test_fit_recovers_the_served_cost_model(fitted):
 
 def test_fit_writes_the_fit_format_with_the_endpoints_identity(fitted, server):
     d, out = fitted
-    committed = fit.load_fit(fit.data_path("vllm"))
+    committed = fit.load_fit(fit.fit_data_path("vllm"))
     assert set(committed) <= set(d)                                  # the same top-level fields
     assert set(committed["fit"]["summary"]) <= set(d["fit"]["summary"])
     assert d["fit_version"] == fit.FIT_VERSION and d["engine_kind"] == "fairlib"
@@ -100,16 +100,16 @@ def test_fit_writes_the_fit_format_with_the_endpoints_identity(fitted, server):
     # words are tokens on fairlib serve: the contexts the server counted are the planned ones
     assert {q["context"] for q in d["points"]["decode"]} == {16 + 16.0, 256 + 16.0}
     # every reader of a fit reads it
-    eng = fit.load_engine(out)
+    eng = fit.load_fitted_engine(out)
     assert isinstance(eng, Engine) and eng.max_batch == 8
-    assert eng == probe_load_engine(out) == fit.load_engine(d)
+    assert eng == load_probed_engine(out) == fit.load_fitted_engine(d)
     assert eng.iter_slope_ms == pytest.approx(fit.engine_at(out, fit.REFERENCE_CONTEXT).iter_slope_ms)
     spec = scenarios.load("fair_share", capacity=str(out))
     assert spec.engine.max_batch == 8
 
 
 def test_batches_reach_a_larger_batch_limit():
-    assert fit.batches_for(16) == list(fit.DEFAULTS["vllm"]["batches"])
+    assert fit.batches_for(16) == list(fit.DEFAULTS["vllm"].batches)
     assert fit.batches_for(24) == [1, 2, 4, 6, 8, 12, 18, 24]
     assert max(fit.batches_for(256)) == 256 and fit.batches_for(1) == [1]
 
@@ -143,7 +143,7 @@ def test_check_refuses_a_fit_for_another_model(fitted, server, tmp_path):
 
 
 def test_check_refuses_a_fit_for_another_engine_kind(fitted, server):
-    committed = fit.data_path("vllm")           # the 2-core CPU machine's vLLM with the tiny model
+    committed = fit.fit_data_path("vllm")           # the 2-core CPU machine's vLLM with the tiny model
     with pytest.raises(ValueError) as e:
         fit.fit_for_endpoint(committed, server.base_url)
     msg = str(e.value)
@@ -157,7 +157,7 @@ def test_check_refuses_a_fit_for_another_engine_kind(fitted, server):
     # fit_file None: the committed default of that kind, refused the same way
     with pytest.raises(ValueError) as e:
         fit.fit_for_endpoint(None, server.base_url, engine_kind="llamacpp")
-    assert str(fit.data_path("llamacpp")) in str(e.value) and "b1-0c1e570" in str(e.value)
+    assert str(fit.fit_data_path("llamacpp")) in str(e.value) and "b1-0c1e570" in str(e.value)
 
 
 def test_check_refuses_another_server_version(fitted, server, tmp_path):
@@ -171,7 +171,7 @@ def test_default_fit_must_be_of_this_endpoint_and_machine(fitted, server, tmp_pa
     engine on the machine the fit was made on, or the same remote endpoint."""
     d, out = fitted
     default = tmp_path / "default.json"
-    monkeypatch.setattr(fit, "data_path", lambda kind: default)
+    monkeypatch.setattr(identity, "fit_data_path", lambda kind: default)   # where fit_for_endpoint reads it
     default.write_text(out.read_text())
     assert fit.fit_for_endpoint(None, server.base_url)["date"] == d["date"]       # this machine, loopback
     v = json.loads(out.read_text())
@@ -311,7 +311,7 @@ def test_chapter7_specs_use_the_checked_fit_or_the_served_engine(fitted, server)
 def test_chapter7_refuses_a_fit_or_capacity_made_elsewhere(server):
     from fairlib.chapters import tenantbench as tb
     with pytest.raises(ValueError, match="the fit is for 'vllm', the endpoint is 'fairlib'"):
-        tb.endpoint_specs(["fair_share"], server.base_url, fit_file=fit.data_path("vllm"))
+        tb.endpoint_specs(["fair_share"], server.base_url, fit_file=fit.fit_data_path("vllm"))
     with pytest.raises(ValueError, match="engine_kind is 'vllm'|the endpoint is 'fairlib'"):
         tb.endpoint_specs(["fair_share"], server.base_url, engine_kind="vllm")
     with pytest.raises(ValueError, match="`capacity`.*is for backend='sim'.*fit_file"):

@@ -5,7 +5,7 @@ import contextlib
 
 import pytest
 
-from fairlib.calibrate import fit
+from fairlib.calibrate import fit, measurement
 
 FIRST_OF_A_LENGTH_MS = 40.0       # what the stand-in adds to the first prompt of each new length
 
@@ -32,15 +32,16 @@ def fake_sender(monkeypatch):
     async def make_session(cfg):
         yield None
 
-    monkeypatch.setattr(fit, "send_request", send_request)
-    monkeypatch.setattr(fit, "make_session", make_session)
+    monkeypatch.setattr(measurement, "send_request", send_request)
+    monkeypatch.setattr(measurement, "make_session", make_session)
     return sent
 
 
 def test_prefill_points_exclude_the_first_request_of_each_length(fake_sender):
     lengths = (16, 128, 256, 512)
-    raw = fit.measure(None, "fairlib", batches=(1, 2), decode_tokens=8, prompt_tokens=(32,),
-                      prefill_lengths=lengths, repeats=1, prefill_repeats=3, prefill_output_tokens=2)
+    raw = fit.measure(None, "fairlib", fit.FitSettings(batches=(1, 2), decode_tokens=8, prompt_tokens=(32,),
+                                                       prefill_lengths=lengths, repeats=1, prefill_repeats=3,
+                                                       prefill_output_tokens=2))
     warm = raw["prefill_warmup"]
     assert [q["P_sent"] for q in warm] == list(lengths)
     assert [round(q["ttft_ms"], 6) for q in warm] == [round(_ttft_ms(P) + FIRST_OF_A_LENGTH_MS, 6) for P in lengths]
@@ -59,10 +60,30 @@ def test_no_warmup_times_the_first_requests(fake_sender):
     """``warmup=0`` sends no untimed request: then the first repeat carries the first-request cost
     (what the fit measured before the warm-up pass), and a median of 3 still hides one."""
     lengths = (16, 128)
-    raw = fit.measure(None, "fairlib", batches=(1,), decode_tokens=8, prompt_tokens=(32,),
-                      prefill_lengths=lengths, repeats=1, prefill_repeats=3, warmup=0)
+    raw = fit.measure(None, "fairlib", fit.FitSettings(batches=(1,), decode_tokens=8, prompt_tokens=(32,),
+                                                       prefill_lengths=lengths, repeats=1, prefill_repeats=3,
+                                                       warmup=0))
     assert raw["prefill_warmup"] == []
     first = [q for q in raw["prefill"] if q["rep"] == 0]
     assert [q["ttft_ms"] for q in first] == pytest.approx([_ttft_ms(P) + FIRST_OF_A_LENGTH_MS for P in lengths])
     slope = fit.fit_prefill(raw["prefill"])["linear"]["slope"]
     assert slope == pytest.approx(0.1, abs=1e-9)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(batches=()), r"FitSettings\.batches must be integers >= 1 \(one or more\), got \(\)"),
+    (dict(batches=(1, 0)), r"FitSettings\.batches must be integers >= 1"),
+    (dict(decode_tokens=4), r"FitSettings\.decode_tokens must be integers >= 8"),
+    (dict(prefill_lengths=(16, 2.5)), r"FitSettings\.prefill_lengths must be integers >= 1"),
+    (dict(warmup=-1), r"FitSettings\.warmup must be integers >= 0"),
+])
+def test_fit_settings_name_the_field(kw, match):
+    with pytest.raises(ValueError, match=match):
+        fit.FitSettings(**kw)
+
+
+def test_fit_settings_sort_the_batches_and_take_one_prompt_length():
+    s = fit.FitSettings(batches=(8, 1, 4, 4), prompt_tokens=64)
+    assert s.batches == (1, 4, 8) and s.prompt_tokens == (64,)
+    with pytest.raises(TypeError, match="batch_sizes"):
+        fit.FitSettings(batch_sizes=(1,))

@@ -17,7 +17,7 @@ from fairlib.sim.engine import Engine
 from fairlib.sim.gate import PolicyGate, replay
 from fairlib.sim.online import OnlineEngine
 from fairlib.sim.policies import POLICIES
-from fairlib.sim.state import KEY, N_RUNNING, NEXT_ARRIVAL, T_DECODE, T_MACHINE, T_PREFILL
+from fairlib.sim import state
 from sim_harness import random_case
 
 
@@ -141,11 +141,11 @@ def _drive(policy, seed):
     admitted_sim, admitted_gate = [], []
     S = online.S
     while True:
-        before = int(S.si[NEXT_ARRIVAL])
-        n_before = int(S.si[N_RUNNING])
+        before = int(S.si[state.NEXT_ARRIVAL])
+        n_before = int(S.si[state.N_RUNNING])
         start = online.now_ms
         it = online.step()
-        for r in range(before, int(S.si[NEXT_ARRIVAL])):
+        for r in range(before, int(S.si[state.NEXT_ARRIVAL])):
             a, tn, p, o, e, k, pr = rows[r]
             rid, ok = gate.arrive(int(tn), int(p), start, int(e), int(k), int(pr), arrival_ms=float(a))
             assert rid == r and ok == (r not in set(it.rejected.tolist()))
@@ -169,7 +169,7 @@ def _drive(policy, seed):
 def test_the_engine_models_iterations_give_its_decisions_and_charges(policy, seed):
     online, gate, a_sim, a_gate = _drive(policy, seed)
     assert a_sim == a_gate
-    for row in (T_MACHINE, T_PREFILL, T_DECODE):
+    for row in (state.T_MACHINE, state.T_PREFILL, state.T_DECODE):
         np.testing.assert_allclose(gate.S.TF[row], online.S.TF[row], rtol=1e-9, atol=1e-9)
     c_sim = online.policy.counters(online.pf, online.n_tenants)
     if c_sim is not None:
@@ -204,13 +204,13 @@ def test_lines_remove_keeps_the_line_in_order(ops):
     model, nxt = [], 0
     for op, k in ops:
         if op == "push" and nxt < cap:
-            RF[KEY, nxt] = float(k)                  # keys with ties: order (key, id)
+            RF[state.KEY, nxt] = float(k)                  # keys with ties: order (key, id)
             push(heap, heap_n, RF, 0, nxt)
             model.append(nxt)
             nxt += 1
         elif op == "pop" and model:
             top = pop(heap, heap_n, RF, 0)
-            want = min(model, key=lambda r: (RF[KEY, r], r))
+            want = min(model, key=lambda r: (RF[state.KEY, r], r))
             assert top == want
             model.remove(want)
         elif op == "remove" and model:
@@ -222,4 +222,4 @@ def test_lines_remove_keeps_the_line_in_order(ops):
     order = []
     while heap_n[0]:
         order.append(pop(heap, heap_n, RF, 0))
-    assert order == sorted(model, key=lambda r: (RF[KEY, r], r))
+    assert order == sorted(model, key=lambda r: (RF[state.KEY, r], r))

@@ -31,13 +31,14 @@ import pytest
 
 from fairlib.client import EndpointConfig, build_schedule, run
 from fairlib.client.prom import parse_prometheus
-from fairlib.client.sse import DONE, SSEParser, decode_payload
 from fairlib.gateway import GatewayConfig, GatewayProcess, GatewayThread
+from fairlib.protocol.sse import DONE, SSEParser, decode_payload
 from fairlib.scenarios import load as load_scenario
 from fairlib.serve import ServeConfig, ServerProcess, ServerThread
 from fairlib.sim.engine import Engine
 from fairlib.sim.gate import replay
 from reference_sim import _make_policy
+from waiting import wait_until
 
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 FID = "x-llm-d-inference-fairness-id"
@@ -76,21 +77,28 @@ def upstream():
 def gateway(upstreams, **kw):
     kw.setdefault("max_inflight", 4)
     kw.setdefault("health_interval_s", 0.2)
+    kw.setdefault("record_events", True)         # off by default (it grows with every token)
     return GatewayThread(GatewayConfig(upstreams=tuple(u.base_url if hasattr(u, "base_url") else u
                                                        for u in upstreams), port=0, **kw)).start()
 
 
 def assert_idle(gw, timeout_s=5.0):
     """No slot held, nothing waiting, no request pending (the gateway's loop asked)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        st = gw.state()
-        if st["in_flight"] == 0 and st["waiting"] == 0 and st["pending"] == 0 \
-                and all(u["in_flight"] == 0 for u in st["upstreams"]):
-            return st
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the gateway is not idle: {st}")
-        time.sleep(0.05)
+    box = {}
+
+    def idle():
+        st = box["st"] = gw.state()
+        return st if (st["in_flight"] == 0 and st["waiting"] == 0 and st["pending"] == 0
+                      and all(u["in_flight"] == 0 for u in st["upstreams"])) else None
+    try:
+        return wait_until(idle, timeout_s, "the gateway idle")
+    except AssertionError:
+        raise AssertionError(f"the gateway is not idle: {box.get('st')}") from None
+
+
+def healthy(gw) -> list:
+    """Each upstream's health as the gateway sees it now."""
+    return [u["healthy"] for u in gw.state()["upstreams"]]
 
 
 # --- (a) pass-through ----------------------------------------------------------------------------
@@ -149,16 +157,17 @@ def test_bad_bodies_are_openai_errors(upstream):
 def test_tenants_file_keys_headers_and_401(upstream, tmp_path):
     f = tmp_path / "tenants.toml"
     f.write_text('[[tenant]]\nname = "gold"\nweight = 2.0\napi_key = "sk-gold-123"\n'
-                 '[[tenant]]\nname = "bronze"\n')
+                 '[[tenant]]\nname = "bronze"\napi_key = "sk-bronze-456"\n')
     gw = gateway([upstream], tenants=str(f), policy="vtc")
     try:
         assert gw.state()["gate"]["params"]["weights"] == [2.0, 1.0]      # the file's weights reach vtc
         s, h, raw = post(gw.base_url, "/completions", completion(2), {FID: "nobody"})
-        assert s == 401 and h["x-fairlib-rejected-reason"] == "unknown_tenant"
+        assert s == 401 and h["x-fairlib-rejected-reason"] == "unauthorized"     # keyed: no key, no tenant
         assert json.loads(raw)["error"]["type"] == "AuthenticationError"
         s, _, _ = post(gw.base_url, "/completions", completion(2), {"Authorization": "Bearer sk-gold-123"})
         assert s == 200
-        s, _, _ = post(gw.base_url, "/completions", completion(2), {"x-gateway-inference-fairness-id": "bronze"})
+        s, _, _ = post(gw.base_url, "/completions", completion(2), {"x-gateway-inference-fairness-id": "bronze",
+                                                                    "Authorization": "Bearer sk-bronze-456"})
         assert s == 200
         st = assert_idle(gw)
         assert st["tenants"]["gold"]["finished"] == 1 and st["tenants"]["bronze"]["finished"] == 1
@@ -169,6 +178,14 @@ def test_tenants_file_keys_headers_and_401(upstream, tmp_path):
     try:
         s, _, _ = post(gw.base_url, "/completions", completion(2))
         assert s == 200 and assert_idle(gw)["tenants"]["anon"]["finished"] == 1
+    finally:
+        gw.stop()
+    f.write_text('[[tenant]]\nname = "gold"\n')         # no key: the header names the tenant
+    gw = gateway([upstream], tenants=str(f))
+    try:
+        s, h, _ = post(gw.base_url, "/completions", completion(2), {FID: "nobody"})
+        assert s == 401 and h["x-fairlib-rejected-reason"] == "unknown_tenant"
+        assert post(gw.base_url, "/completions", completion(2), {FID: "gold"})[0] == 200
     finally:
         gw.stop()
 
@@ -239,9 +256,8 @@ def test_queue_cap_and_queue_timeout(upstream):
                                                                {FID: "a"}))) for _ in range(2)]
         for t in ths:
             t.start()
-        deadline = time.monotonic() + 10
-        while (gw.state()["in_flight"], gw.state()["waiting"]) != (1, 1) and time.monotonic() < deadline:
-            time.sleep(0.002)
+        wait_until(lambda: (gw.state()["in_flight"], gw.state()["waiting"]) == (1, 1), 10,
+                   "one request in flight and one waiting", every=0.002)
         got.append(post(gw.base_url, "/completions", completion(40), {FID: "a"}))
         for t in ths:
             t.join()
@@ -282,7 +298,7 @@ def test_upstream_errors_pass_back_and_an_unreachable_upstream(upstream):
         s, _, raw = post(gw.base_url, "/completions", completion(2), {FID: "a"})
         assert s in (502, 503)
         assert "upstream" in json.loads(raw)["error"]["message"]
-        time.sleep(0.5)                    # two missed health checks: out
+        wait_until(lambda: healthy(gw) == [False], 10, "the dead upstream out (missed health checks)")
         s, h, raw = post(gw.base_url, "/completions", completion(2), {FID: "a"})
         assert s == 503 and h["x-fairlib-rejected-reason"] == "no_upstream"
         with pytest.raises(urllib.error.HTTPError) as e:
@@ -298,7 +314,7 @@ def _raw_stream(port, body, headers, read_bytes):
     """Send a streamed request, read about ``read_bytes`` of the answer (0: none), then close."""
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     data = json.dumps(body).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + f"Content-Length: {len(data)}\r\n\r\n")
     s.sendall(head.encode() + data)
     got = b""
@@ -314,14 +330,12 @@ def test_a_client_that_leaves_frees_its_slot_and_cancels_upstream(upstream):
         running0 = upstream.stats()["requests_submitted"]
         holder = threading.Thread(target=_raw_stream, args=(gw.port, completion(400), {FID: "a"}, 600))
         holder.start()
-        time.sleep(0.15)
+        wait_until(lambda: gw.state()["in_flight"] == 1, 10, "the first stream holding the slot")
         # a second one waits behind it, then leaves while waiting
         _raw_stream(gw.port, completion(5), {FID: "b"}, 0)
         holder.join()                        # the first left mid-stream
         st = assert_idle(gw)
-        deadline = time.monotonic() + 5
-        while upstream.stats()["running"] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: upstream.stats()["running"] == 0, 5, "the upstream's copy cancelled")
         assert upstream.stats()["running"] == 0                      # cancelled upstream, not run to the end
         assert upstream.stats()["requests_submitted"] - running0 <= 2
         assert st["tenants"]["a"]["output_tokens"] < 400
@@ -336,23 +350,20 @@ def test_two_upstreams_most_free_slots_and_replica_loss():
     a = ServerThread(ServeConfig(engine=ENGINE, model="sim-model", port=0, n_tenants=8)).start()
     b = ServerThread(ServeConfig(engine=ENGINE, model="sim-model", port=0, n_tenants=8)).start()
     port_b = b.port
-    gw = gateway([a, b], max_inflight=2, health_interval_s=0.1)
+    gw = gateway([a, b], max_inflight=2, health_interval_s=0.1, tenant_max_share=1.0)   # one tenant, every slot
     try:
         got = _concurrently(lambda i: post(gw.base_url, "/completions", completion(30), {FID: "t"}), 4)
         assert all(g[0] == 200 for g in got)
         st = assert_idle(gw)
         assert [u["dispatched"] for u in st["upstreams"]] == [2, 2]
         b.stop()
-        time.sleep(0.6)
-        st = gw.state()
-        assert [u["healthy"] for u in st["upstreams"]] == [True, False]
+        wait_until(lambda: healthy(gw) == [True, False], 10, "the stopped upstream marked unhealthy")
         got = _concurrently(lambda i: post(gw.base_url, "/completions", completion(10), {FID: "t"}), 3)
         assert all(g[0] == 200 for g in got)
         st = assert_idle(gw)
         assert [u["dispatched"] for u in st["upstreams"]] == [5, 2]
         b = ServerThread(ServeConfig(engine=ENGINE, model="sim-model", port=port_b, n_tenants=8)).start()
-        time.sleep(0.5)
-        assert [u["healthy"] for u in gw.state()["upstreams"]] == [True, True]
+        wait_until(lambda: healthy(gw) == [True, True], 10, "the restarted upstream healthy again")
         got = _concurrently(lambda i: post(gw.base_url, "/completions", completion(30), {FID: "t"}), 4)
         assert all(g[0] == 200 for g in got)
         assert [u["dispatched"] for u in assert_idle(gw)["upstreams"]] == [7, 4]
@@ -374,8 +385,8 @@ def test_metrics_and_admin(upstream):
         assert m["fairlib_gateway_admitted_total" + x] == 2
         assert m["fairlib_gateway_output_tokens_total" + x] == 6
         assert m["fairlib_gateway_prompt_tokens_total" + y] == 20
-        assert m["fairlib_gateway_policy_counter" + x] == pytest.approx(2 * 20 + 2 * 6)     # wp 1, wq 2
-        assert m["fairlib_gateway_residency_ms_total" + x] > 0
+        assert m['fairlib_gateway_policy_score_tokens{policy="vtc",tenant="x"}'] == pytest.approx(2 * 20 + 2 * 6)
+        assert m["fairlib_gateway_residency_seconds_total" + x] > 0     # wp 1, wq 2 above
         assert m["fairlib_gateway_queue_wait_seconds_count" + y] == 1
         assert m["fairlib_gateway_time_to_first_token_seconds_count" + x] == 2
         head, events = gw.events()
@@ -387,7 +398,7 @@ def test_metrics_and_admin(upstream):
         # busy: 409
         t = threading.Thread(target=post, args=(gw.base_url, "/completions", completion(200), {FID: "x"}))
         t.start()
-        time.sleep(0.2)
+        wait_until(lambda: gw.state()["in_flight"] == 1, 10, "the request in flight")
         with pytest.raises(urllib.error.HTTPError) as e:
             gw.set_policy("fcfs")
         assert e.value.code == 409
@@ -507,9 +518,7 @@ def test_residency_from_the_streams_matches_the_engine_models_charge(tmp_path):
         sched = build_schedule(spec.requests(0), 0, tenant_names=list(spec.tenant_names))
         cfg = EndpointConfig(base_url=gw.base_url, model="sim-model", tenant_header=FID)
         run(sched, cfg, tmp_path / "run", scrape_metrics=False)
-        deadline = time.monotonic() + 10
-        while gw.state()["in_flight"] and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: gw.state()["in_flight"] == 0, 10, "every slot released")
         st = gw.state()
         truth = srv.stats()["tenant_machine_ms"]
         names = sorted(truth)
@@ -532,16 +541,12 @@ def test_sigterm_drains_the_streams_in_flight_and_refuses_new_ones():
             got[k] = post(gw.base_url, "/completions", completion(n), {FID: "t"})
         first = threading.Thread(target=send, args=("running", 60))       # 60 x 25 ms = 1.5 s
         first.start()
-        deadline = time.monotonic() + 10
-        while gw.state()["in_flight"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: gw.state()["in_flight"] >= 1, 10, "the first request in flight")
         second = threading.Thread(target=send, args=("waiting", 4))
         second.start()
-        while gw.state()["waiting"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: gw.state()["waiting"] >= 1, 10, "the second request waiting")
         gw.proc.send_signal(signal.SIGTERM)
-        while not gw.state()["stopping"] and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: gw.state()["stopping"], 10, "the gateway stopping (draining)")
         status, headers, body = post(gw.base_url, "/completions", completion(3), {FID: "t"})
         assert status == 503 and headers["x-fairlib-rejected-reason"] == "shutting_down" and headers["Retry-After"] == "1"
         with pytest.raises(urllib.error.HTTPError) as e:
@@ -575,13 +580,10 @@ def test_a_cut_drain_exits_1(how):
                 out["error"] = e
         th = threading.Thread(target=send)
         th.start()                                      # 400 x 25 ms = 10 s
-        deadline = time.monotonic() + 10
-        while gw.state()["in_flight"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: gw.state()["in_flight"] >= 1, 10, "the stream in flight")
         gw.proc.send_signal(signal.SIGTERM)
         if how == "second signal":
-            while not gw.state()["stopping"] and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_until(lambda: gw.state()["stopping"], 10, "the gateway stopping (draining)")
             gw.proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         assert gw.proc.wait(20) == 1
@@ -621,13 +623,13 @@ def _order_of_admission(gw, bodies_headers, blocker):
     which the gateway admitted them (from its event log)."""
     t = threading.Thread(target=post, args=(gw.base_url, "/completions", *blocker))
     t.start()
-    time.sleep(0.2)
+    wait_until(lambda: gw.state()["in_flight"] == 1, 10, "the blocker holding the slot")
     ths = []
-    for body, headers in bodies_headers:
+    for k, (body, headers) in enumerate(bodies_headers):
         th = threading.Thread(target=post, args=(gw.base_url, "/completions", body, headers))
         th.start()
         ths.append(th)
-        time.sleep(0.05)
+        wait_until(lambda k=k: gw.state()["waiting"] == k + 1, 10, f"request {k + 1} waiting (the arrival order)")
     for th in [t, *ths]:
         th.join()
     assert_idle(gw)

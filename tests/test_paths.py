@@ -13,7 +13,7 @@ from fairlib import paths, traces
 from fairlib.calibrate import fit
 from fairlib.chapters import fidelity, grid, live, published
 print(paths.data_dir())
-print(published.DATA_FILE.parent, grid.GRID_FILE.parent, traces.DATA_DIR, fit.data_path("vllm").parent.parent,
+print(published.DATA_FILE.parent, grid.GRID_FILE.parent, traces.DATA_DIR, fit.fit_data_path("vllm").parent.parent,
       fidelity.runs_root().parent)
 print(published.figure("ch1.share.fcfs")["value"] if published.DATA_FILE.exists() else "missing")
 """

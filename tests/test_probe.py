@@ -12,7 +12,7 @@ import pytest
 
 from fairlib import Engine, simulate
 from fairlib.client import EndpointConfig
-from fairlib.calibrate.probe import decode_point, linear_fit, load_engine, probe
+from fairlib.calibrate.probe import decode_point, linear_fit, load_probed_engine, probe
 from fairlib.serve import ServerProcess
 
 TRUE = {"iter_base_ms": 8.0, "iter_slope_ms": 1.5, "prefill_ms_per_token": 0.05, "max_batch": 16}
@@ -52,7 +52,7 @@ def test_probe_recovers_the_servers_parameters(result):
 
 def test_probe_file_loads_into_the_simulator(result):
     res, out = result
-    eng = load_engine(out)
+    eng = load_probed_engine(out)
     assert isinstance(eng, Engine) and eng.max_batch == 16
     assert eng.iter_base_ms == pytest.approx(res["engine"]["iter_base_ms"])
     saved = json.loads(out.read_text())

@@ -1,8 +1,10 @@
 """The book's claims on real engines: vLLM's CPU build and llama.cpp's llama-server (issue 5).
 
-Skipped, with the reason, when an engine is not set up (``make engines``). Each engine is started
-once, as the book starts it (``fairlib.calibrate.fit.start``: ``fairlib.calibrate.fit.ENGINE_FLAGS``), and used by every
-test of its class, then stopped:
+Skipped, with the reason, when an engine is not set up (``make engines``); under ``CI=true`` that
+fails instead (tests/ci.py). Each engine is started once per session, as the book starts it
+(``fairlib.calibrate.fit.start``: ``fairlib.calibrate.fit.ENGINE_FLAGS``; tests/conftest.py's
+``engines`` fixture, shared with tests/test_engines_smoke.py), and used by every test of its
+class, then stopped at the end of the session:
 
 1. **cost-model fit** (``fairlib.calibrate.fit``, a quick sweep): the iteration time rises with the batch
    (slope > 0 over B 1..8 at every context), the joint fit ``dt = iter_base + (slope_0 + slope_ctx *
@@ -50,8 +52,7 @@ import pytest
 from fairlib.chapters import fidelity as fd
 from fairlib.chapters import gateway_live as gl
 from fairlib.calibrate import fit
-from fairlib.client.sse import DONE, SSEParser, decode_payload
-from fairlib.calibrate.lifecycle import engine_available
+from fairlib.protocol.sse import DONE, SSEParser, decode_payload
 from fairlib.records import load_run
 
 pytestmark = [pytest.mark.engine]
@@ -83,12 +84,6 @@ DECODE_R2_MIN = 0.8
 PREFILL_R2_MIN = 0.95
 LIVE_DURATION_S = 20.0
 TIMINGS = {}
-
-
-def _needs(kind):
-    ok, why = engine_available(kind)
-    if not ok:
-        pytest.skip(f"{kind} engine not set up: {why}")
 
 
 def _timed(name):
@@ -164,7 +159,7 @@ def _check_wire(kind: str, eng):
         finish = [c for c in chunks if c.get("choices") and c["choices"][0].get("finish_reason")]
         assert finish and finish[-1]["choices"][0]["finish_reason"] == "length"
 
-        def text(c):
+        def text(c, api=api):
             ch = c["choices"][0]
             return ch.get("text") if api == "completions" else (ch.get("delta") or {}).get("content")
         def ids(c):
@@ -276,6 +271,35 @@ GATEWAY_BOUNDS = {"share_pts_median": 3.0, "share_pts_max": 9.0}
 #: Runs whose client fell behind its schedule (p99 lag > 10 ms) are reported and left out; at
 #: least this many of the 8 must be valid (the first run of this test: 7 of 8, one at 22 ms).
 MIN_VALID_GATEWAY_RUNS = 6
+#: A live chapter whose runs the client's own schedule lag made invalid (p99 lag over its bound and
+#: nothing else wrong: the machine was busy, the engine is not measured by such a run) is run
+#: again, at most this many more times, before its runs are checked; the bounds stay as they are.
+#: CI saw every vLLM run of a busy machine INVALID this way (p99 lag 13-101 ms, issue 23).
+LAG_RETRIES = 2
+
+
+def lag_only(summary: dict) -> bool:
+    """An invalid run whose every reason is the client falling behind its schedule."""
+    parts = str(summary.get("valid_reason", "")).split("; ")
+    return not summary["valid"] and all(p.endswith("the client fell behind") for p in parts)
+
+
+def measure_with_retries(measure, enough, what: str):
+    """``measure()`` (returns the runs it made), again while ``enough(runs)`` is false and every
+    invalid run is :func:`lag_only`, at most :data:`LAG_RETRIES` more times; the last runs."""
+    for attempt in range(1 + LAG_RETRIES):
+        runs = measure()
+        bad = [r for r in runs if not r.summary["valid"]]
+        if enough(runs) or not bad or not all(lag_only(r.summary) for r in bad):
+            return runs
+        reasons = [r.summary["valid_reason"] for r in bad]
+        with open(ROOT / ".cache" / "engines" / "live_stats.jsonl", "a") as f:
+            f.write(json.dumps({"kind": "lag-retry", "what": what, "attempt": attempt, "t": time.time(),
+                                "reasons": reasons}) + "\n")
+        if attempt < LAG_RETRIES:
+            warnings.warn(f"{what}: {len(bad)} of {len(runs)} runs invalid by the client's schedule lag "
+                          f"alone ({reasons[0]}): measured again ({attempt + 1} of {LAG_RETRIES})")
+    return runs
 
 
 def _live_stats(table: pd.DataFrame) -> dict:
@@ -313,15 +337,15 @@ def _assert_live(runs, table, stats):
 
 # --- one engine per test class (started as the book starts it), its quick fit, chapter 8 on it ----
 @pytest.fixture(scope="class")
-def eng(request):
+def eng(request, engines):
+    """The session's engine; for the class's tests (and its other fixtures, set up after this one)
+    the test process runs beside it, off its CPU (tests/ci.py's ``beside``)."""
+    from ci import beside
     kind = request.cls.kind
-    _needs(kind)
-    with _timed(f"{kind} start"):
-        e = fit.start(kind)
-    try:
+    with _timed(f"{kind} start (or the session's)"):
+        e = engines(kind)
+    with beside(kind):
         yield e
-    finally:
-        e.stop()
 
 
 @pytest.fixture(scope="class")
@@ -336,16 +360,23 @@ def fitted(request, eng, tmp_path_factory):
 @pytest.fixture(scope="class")
 def chapter8(request, eng, fitted, tmp_path_factory):
     kind = request.cls.kind
-    tmp = tmp_path_factory.mktemp(f"ch08-{kind}")
-    with _timed(f"{kind} chapter 8 (papermill, live)"):
-        _papermill(CH8, tmp / "ch08.ipynb",
-                   ["-p", "backend", "http", "-r", "endpoint", eng.base_url, "-r", "engine_kind", kind,
-                    "-r", "fit_file", str(fitted[1]), "-p", "duration_s", str(LIVE_DURATION_S),
-                    "-y", "seeds: [0]", "-r", "runs_dir", str(tmp / "runs"),
-                    # the five scenarios whose noise LIVE_BOUNDS were measured on (the chapter's
-                    # default adds prefill_mix and seed000, as in the saved runs)
-                    "-y", "scenarios: " + json.dumps(list(fd.SCENARIOS))], timeout=420)
-    return tmp / "ch08.ipynb", tmp / "runs"
+    box = {}
+
+    def measure():
+        tmp = box["tmp"] = tmp_path_factory.mktemp(f"ch08-{kind}")
+        with _timed(f"{kind} chapter 8 (papermill, live)"):
+            _papermill(CH8, tmp / "ch08.ipynb",
+                       ["-p", "backend", "http", "-r", "endpoint", eng.base_url, "-r", "engine_kind", kind,
+                        "-r", "fit_file", str(fitted[1]), "-p", "duration_s", str(LIVE_DURATION_S),
+                        "-y", "seeds: [0]", "-r", "runs_dir", str(tmp / "runs"),
+                        # the five scenarios whose noise LIVE_BOUNDS were measured on (the chapter's
+                        # default adds prefill_mix and seed000, as in the saved runs)
+                        "-y", "scenarios: " + json.dumps(list(fd.SCENARIOS))], timeout=420)
+        return [load_run(p) for p in sorted((tmp / "runs" / kind).glob("*/seed*"))]
+
+    measure_with_retries(measure, lambda runs: sum(bool(r.summary["valid"]) for r in runs) >= MIN_VALID_RUNS,
+                         f"{kind} chapter 8")
+    return box["tmp"] / "ch08.ipynb", box["tmp"] / "runs"
 
 
 # --- vLLM ---------------------------------------------------------------------------------------
@@ -417,21 +448,31 @@ class TestVLLM:
         keys = {CH1: gl.POLICY_KEYS[:4], CH2: ("fcfs", "rpm_quota"), CH3: ("vtc",), CH4: ("slot_cap",)}
         runs = []
         for nb, want in keys.items():
-            out = tmp_path / nb.name
-            with _timed(f"vllm {nb.stem} (papermill, through the gateway)"):
-                _papermill(nb, out, ["-p", "backend", "http", "-r", "endpoint", eng.base_url,
-                                     "-r", "engine_kind", self.kind, "-r", "fit_file", str(fitted[1]),
-                                     "-y", "gateway_seeds: [0]",
-                                     "-p", "gateway_duration_s", str(GATEWAY_DURATION_S),
-                                     "-p", "live_duration_s", str(LIVE_DURATION_S),
-                                     "-r", "runs_dir", str(tmp_path / nb.stem)], timeout=900)
-            text = _outputs(out)
+            box = {}
+
+            def measure(nb=nb, box=box):
+                box["n"] = box.get("n", 0) + 1
+                box["dir"] = d = tmp_path / f"{nb.stem}-{box['n']}"
+                d.mkdir()
+                out = d / nb.name
+                with _timed(f"vllm {nb.stem} (papermill, through the gateway)"):
+                    _papermill(nb, out, ["-p", "backend", "http", "-r", "endpoint", eng.base_url,
+                                         "-r", "engine_kind", self.kind, "-r", "fit_file", str(fitted[1]),
+                                         "-y", "gateway_seeds: [0]",
+                                         "-p", "gateway_duration_s", str(GATEWAY_DURATION_S),
+                                         "-p", "live_duration_s", str(LIVE_DURATION_S),
+                                         "-r", "runs_dir", str(d / nb.stem)], timeout=900)
+                box["text"] = _outputs(out)
+                return [load_run(p) for p in sorted((d / nb.stem / "gateway" / self.kind).glob("*/seed*"))]
+
+            # every run of a chapter valid, or measured again (the test needs 6 of the 8 valid)
+            got = measure_with_retries(measure, lambda rs: all(r.summary["valid"] for r in rs), f"vllm {nb.stem}")
+            text = box["text"]
             assert "through the gateway (measured now)" in text, text[-2000:]
-            got = [load_run(p) for p in sorted((tmp_path / nb.stem / "gateway" / self.kind).glob("*/seed*"))]
             assert sorted(r.extra["gateway"]["key"] for r in got) == sorted(want)
             runs += got
             if nb == CH1:
-                _check_chapter1_fcfs(tmp_path / nb.stem, text)
+                _check_chapter1_fcfs(box["dir"] / nb.stem, text)
         _check_gateway_runs(runs)
 
     def test_chapter5_live(self, eng, fitted, tmp_path):
@@ -647,8 +688,8 @@ def _fit_quality(fitted, kind):
     assert 0.7 < dec["server"]["client_over_server_median"] < 1.3, dec["server"]
     assert 0.8 < pre["server"]["client_slope_over_server_slope"] < 1.25, pre["server"]
     # the saved file loads into the simulator's Engine, through fairlib.calibrate.probe too
-    from fairlib.calibrate.probe import load_engine
-    eng = load_engine(path)
+    from fairlib.calibrate.probe import load_probed_engine
+    eng = load_probed_engine(path)
     assert eng.max_batch == res["engine"]["max_batch"] and eng.iter_slope_ms > 0
     saved = json.loads(Path(path).read_text())
     assert {"engine", "engine_info", "machine", "date", "params", "fit", "points"} <= set(saved)

@@ -10,7 +10,7 @@ import fairlib
 from fairlib import records, scenarios
 from fairlib.client import RECORD_FIELDS, EndpointConfig, load_records
 from fairlib.records.rundir import load_summary
-from fairlib.workload import Constant, Scenario, Tenant
+from fairlib.workload import Constant, Scenario, TenantSpec
 
 TINY = pd.DataFrame({"arrival_ms": [0.0, 0.0, 5.0], "tenant": [0, 1, 0],
                      "prompt_tokens": [100, 50, 10], "output_tokens": [3, 2, 1]})
@@ -124,7 +124,7 @@ def test_simulate_run_defaults_to_the_scenarios_policy_and_drains():
     assert run.summary["n_ok"] == len(run.records)
     assert run.slos == {"interactive": (300.0, 40.0), "batch": (20000.0, 150.0)}
     assert run.duration_s == 8.0 and run.tenant_names == ["interactive", "batch"]
-    sc = Scenario((Tenant("t", output=Constant(5), prompt=Constant(5), rate_rps=2.0),), duration_s=3)
+    sc = Scenario((TenantSpec("t", output=Constant(5), prompt=Constant(5), rate_rps=2.0),), duration_s=3)
     assert records.simulate_records(sc, 0)["tenant_name"].eq("t").all()   # a plain Scenario works too
 
 

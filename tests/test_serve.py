@@ -4,7 +4,7 @@
     (plus the HTTP round trip) and a token every iter_base + slope; a second request joining shows
     its prefill in the first one's stream and slows both to dt(B=2);
 (b) the wire format is vLLM's: the chunks' keys (and their order) are those of the client's vLLM
-    fixtures (tests/fixtures/vllm_*.sse), parsed with fairlib.client.sse;
+    fixtures (tests/fixtures/vllm_*.sse), parsed with fairlib.protocol.sse;
 (c) every error status: 400 naming the field, 404 for an unknown model, 429 at the queue cap and
     from an admission-control policy;
 (d) priority: lower is served earlier on a ``priority`` server, non-zero priority is 400 elsewhere;
@@ -16,7 +16,6 @@ else runs; the model clock itself never drifts (a late token does not delay the 
 """
 import json
 import socket
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,9 +26,11 @@ import pytest
 
 from fairlib.client import EndpointConfig, build_schedule, load_records, load_server_metrics, run
 from fairlib.client.prom import parse_prometheus
-from fairlib.client.sse import DONE, SSEParser, decode_payload
+from fairlib.protocol.sse import DONE, SSEParser, decode_payload
 from fairlib.serve import ServeConfig, ServerProcess, ServerThread, parse_request
 from fairlib.sim.engine import Engine
+
+from waiting import wait_until
 
 FIX = Path(__file__).parent / "fixtures"
 BASE, SLOPE, PREFILL = 8.0, 1.5, 0.05
@@ -65,7 +66,7 @@ def fixture_payloads(name):
     return sse_payloads((FIX / name).read_bytes())
 
 
-def metrics(srv, prefixes=("vllm:", "fairlib:")):
+def metrics(srv, prefixes=("vllm:", "fairlib_serve_")):
     return parse_prometheus(srv.get_text("/metrics"), prefixes)
 
 
@@ -130,10 +131,15 @@ def test_a_joining_request_shows_its_prefill_and_slows_the_batch(server, tmp_pat
 
 
 def test_timing_error_is_measured_and_exposed(server):
+    # its own request: the tests that sent some before it run apart (the timing group), so the
+    # module's server may have streamed nothing yet
+    status, _ = post(server, "/v1/completions", {"model": "sim-model", "prompt": "x", "max_tokens": 4,
+                                                 "stream": True}, raw=True)
+    assert status == 200
     m = metrics(server)
-    key = 'fairlib:emission_lag_seconds_count{model_name="sim-model",engine="0"}'
+    key = 'fairlib_serve_emission_lag_seconds_count{engine="0",model_name="sim-model"}'
     assert m[key] > 0
-    assert 'fairlib:write_lag_seconds_count{model_name="sim-model",engine="0"}' in m
+    assert 'fairlib_serve_write_lag_seconds_count{engine="0",model_name="sim-model"}' in m
     st = server.stats()
     assert st["emission_lag_ms"]["n"] > 0 and st["emission_lag_ms"]["p50"] < 5.0
     assert st["config"]["engine"]["iter_base_ms"] == BASE
@@ -318,25 +324,35 @@ def test_waiting_cap_is_429(small_server):
     body = {"model": "m", "prompt": "a", "max_tokens": 6, "ignore_eos": True}
     with cf.ThreadPoolExecutor(2) as ex:
         running = ex.submit(post, small_server, "/v1/completions", body)
-        time.sleep(0.12)
+        wait_until(lambda: small_server.stats()["running"] == 1, 10, "the first request in the slot")
         waiting = ex.submit(post, small_server, "/v1/completions", body)
-        time.sleep(0.12)
+        wait_until(lambda: small_server.stats()["waiting"] == 1, 10, "the second request waiting")
         status, r = post(small_server, "/v1/completions", body)
         assert status == 429 and r["error"]["type"] == "RateLimitError" and "max_waiting" in r["error"]["message"]
         assert running.result()[0] == 200 and waiting.result()[0] == 200
-    m = parse_prometheus(small_server.get_text("/metrics"), ("fairlib:",))
-    assert m['fairlib:requests_rejected_total{model_name="m",engine="0",reason="queue_full"}'] == 1.0
+    m = parse_prometheus(small_server.get_text("/metrics"), ("fairlib_serve_",))
+    assert m['fairlib_serve_requests_rejected_total{engine="0",model_name="m",reason="queue_full"}'] == 1.0
 
 
-def test_tenant_beyond_the_cap_is_400():
+def test_tenant_beyond_the_cap_is_the_servers_503_naming_tenants():
     cfg = ServeConfig(engine=Engine(1.0, 0.0, 0.0, 4), n_tenants=2, tenant_names=("a",), port=0)
     with ServerThread(cfg) as srv:
         body = {"prompt": "a", "max_tokens": 1}
         assert post(srv, "/v1/completions", body, {"X-Tenant": "b"})[0] == 200   # the next free index: 1
         assert post(srv, "/v1/completions", body, {"X-Tenant": "a"})[0] == 200   # named at start: 0
         status, r = post(srv, "/v1/completions", body, {"X-Tenant": "c"})
-        assert status == 400 and r["error"]["param"] == "X-Tenant"
+        assert status == 503 and r["error"]["param"] == "X-Tenant" and "--tenants" in r["error"]["message"]
         assert srv.stats()["tenants"] == {"a": 0, "b": 1}
+
+
+def test_default_tenant_cap_is_far_above_every_scenario():
+    """No scenario comes near the default: several scenarios' runs against one server never fill it."""
+    from fairlib import scenarios
+    from fairlib.serve.config import DEFAULT_TENANTS
+    most = max(len(scenarios.load(n).tenant_names) for n in scenarios.SCENARIOS)
+    assert ServeConfig().n_tenants == DEFAULT_TENANTS >= 16 * most
+    # a weighted policy: one tenant per weight unless --tenants says otherwise
+    assert ServeConfig(policy="vtc", policy_params={"weights": [1, 2, 3]}).n_tenants == 3
 
 
 def test_admission_control_policy_is_429():
@@ -378,12 +394,12 @@ HISTOGRAMS = ["vllm:iteration_tokens_total", "vllm:time_to_first_token_seconds",
 
 
 def test_metrics_have_vllms_names_and_count_what_was_sent(server, tmp_path):
-    lab = '{model_name="sim-model",engine="0"}'
+    lab = '{engine="0",model_name="sim-model"}'
     before = metrics(server)
     for n in VLLM_NAMES[:6]:
         assert n + lab in before, n
     for h in HISTOGRAMS:
-        assert f'{h}_bucket{{model_name="sim-model",engine="0",le="+Inf"}}' in before, h
+        assert f'{h}_bucket{{engine="0",le="+Inf",model_name="sim-model"}}' in before, h
         assert h + "_sum" + lab in before and h + "_count" + lab in before
     rng = np.random.default_rng(3)
     n = 24
@@ -401,7 +417,7 @@ def test_metrics_have_vllms_names_and_count_what_was_sent(server, tmp_path):
 
     assert delta("vllm:prompt_tokens_total" + lab) == sum(r.prompt_tokens for r in sched)
     assert delta("vllm:generation_tokens_total" + lab) == sum(r.max_tokens for r in sched)
-    assert delta('vllm:request_success_total{model_name="sim-model",engine="0",finished_reason="length"}') == n
+    assert delta('vllm:request_success_total{engine="0",finished_reason="length",model_name="sim-model"}') == n
     assert delta("vllm:e2e_request_latency_seconds_count" + lab) == n
     assert delta("vllm:time_to_first_token_seconds_count" + lab) == n
     assert delta("vllm:inter_token_latency_seconds_count" + lab) == sum(r.max_tokens - 1 for r in sched)
@@ -410,14 +426,14 @@ def test_metrics_have_vllms_names_and_count_what_was_sent(server, tmp_path):
     sm = load_server_metrics(tmp_path / "r")
     assert "vllm:num_requests_running" + lab in sm.columns and len(sm) >= 2
     # per-tenant service (fairlib's own, the engine model's view): one label per X-Tenant name
-    f = metrics(server, ("fairlib:",))
-    assert any(k.startswith("fairlib:tenant_generation_tokens_total") and 'tenant="tenant2"' in k for k in f)
+    f = metrics(server, ("fairlib_serve_",))
+    assert any(k.startswith("fairlib_serve_tenant_generation_tokens_total") and 'tenant="tenant2"' in k for k in f)
 
 
 # --- (f) disconnects --------------------------------------------------------------------------
 
 def test_disconnect_ends_the_request_in_the_model(server):
-    lab = '{model_name="sim-model",engine="0"}'
+    lab = '{engine="0",model_name="sim-model"}'
     body = json.dumps({"model": "sim-model", "prompt": "a b", "max_tokens": 2000, "ignore_eos": True,
                        "stream": True}).encode()
     s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
@@ -427,13 +443,11 @@ def test_disconnect_ends_the_request_in_the_model(server):
     while got.count(b"data: ") < 3:
         got += s.recv(65536)
     assert metrics(server)["vllm:num_requests_running" + lab] == 1
-    before = metrics(server).get('vllm:request_success_total{model_name="sim-model",engine="0",finished_reason="abort"}', 0)
+    before = metrics(server).get('vllm:request_success_total{engine="0",finished_reason="abort",model_name="sim-model"}', 0)
     s.close()
-    key = 'vllm:request_success_total{model_name="sim-model",engine="0",finished_reason="abort"}'
-    deadline = time.monotonic() + 5
-    while metrics(server)[key] != before + 1:   # counted when its last token is emitted
-        assert time.monotonic() < deadline, "the aborted request still runs"
-        time.sleep(0.02)
+    key = 'vllm:request_success_total{engine="0",finished_reason="abort",model_name="sim-model"}'
+    # counted when its last token is emitted
+    wait_until(lambda: metrics(server).get(key, 0) == before + 1, 5, "the aborted request counted (it still runs)")
     assert metrics(server)["vllm:num_requests_running" + lab] == 0
 
 
@@ -456,25 +470,25 @@ def test_a_waiting_request_whose_client_left_costs_one_iteration():
         import concurrent.futures as cf
         with cf.ThreadPoolExecutor(1) as ex:
             blocker = ex.submit(post, srv, "/v1/completions", {"prompt": "a b", "max_tokens": 10, "ignore_eos": True})
-            time.sleep(0.05)
+            wait_until(lambda: srv.stats()["running"] == 1, 10, "the blocker in the slot")
             body = json.dumps({"prompt": "a " * 500, "max_tokens": 50, "ignore_eos": True, "stream": True}).encode()
             s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-            time.sleep(0.05)
+            wait_until(lambda: srv.stats()["waiting"] == 1, 10, "the second request waiting")
             assert srv.stats()["waiting"] == 1
             s.close()
             assert blocker.result()[0] == 200
-        lab = '{model_name="m",engine="0"'
-        deadline = time.monotonic() + 5
-        while True:   # the model runs one iteration ahead of the emissions: wait for the 11th to be emitted
-            m = parse_prometheus(srv.get_text("/metrics"), ("vllm:", "fairlib:"))
-            if m['fairlib:iterations_total' + lab + '}'] >= 11:
-                break
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        assert m['vllm:request_success_total' + lab + ',finished_reason="abort"}'] == 1
-        assert m['fairlib:iterations_total' + lab + '}'] == 11            # 10 for the blocker, 1 for the aborted
+        lab = '{engine="0",model_name="m"'
+        box = {}
+
+        def eleven():   # the model runs one iteration ahead of the emissions: wait for the 11th to be emitted
+            m = box["m"] = parse_prometheus(srv.get_text("/metrics"), ("vllm:", "fairlib_serve_"))
+            return m['fairlib_serve_iterations_total' + lab + '}'] >= 11
+        wait_until(eleven, 5, "the 11th iteration emitted")
+        m = box["m"]
+        assert m['vllm:request_success_total{engine="0",finished_reason="abort",model_name="m"}'] == 1
+        assert m['fairlib_serve_iterations_total' + lab + '}'] == 11            # 10 for the blocker, 1 for the aborted
         assert m['vllm:prompt_tokens_total' + lab + '}'] == 2 + 1          # its 500-word prompt shrank to 1
 
 

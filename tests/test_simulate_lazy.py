@@ -14,9 +14,7 @@ import fairlib
 from fairlib.chapters import presets
 from fairlib.sim import loop
 from fairlib.sim.simulate import build_state
-from fairlib.sim.state import (ADMITTED, BUSY_MS, CHARGED, DECODE_TOKENS, FINISH, FIRST, GENERATED, ITERATIONS,
-                               PREEMPT, REJECTED, STATUS, T_ADMITTED, T_DECODE, T_FINISHED, T_MACHINE, T_NOW,
-                               T_PREFILL, T_REJECTED, T_TOKENS)
+from fairlib.sim import state
 
 INT_COLUMNS = ("tenant", "prompt_tokens", "output_tokens", "est_output_tokens", "klass", "priority")
 
@@ -39,25 +37,28 @@ def eager_tables(requests, engine, policy, horizon_ms, n_tenants=None, tenant_na
     n = len(df)
     columns = {c: df[c].to_numpy()[:n].copy() for c in df.columns}
     columns.update({
-        "rejected": S.RI[STATUS, :n] == REJECTED, "admitted_ms": S.RF[ADMITTED, :n].copy(),
-        "first_token_ms": S.RF[FIRST, :n].copy(), "finish_ms": S.RF[FINISH, :n].copy(),
-        "generated": S.RI[GENERATED, :n].copy(), "charged_ms": S.RF[CHARGED, :n].copy(),
-        "preemptions": S.RI[PREEMPT, :n].copy()})
+        "rejected": S.RI[state.STATUS, :n] == state.REJECTED, "admitted_ms": S.RF[state.ADMITTED, :n].copy(),
+        "first_token_ms": S.RF[state.FIRST, :n].copy(), "finish_ms": S.RF[state.FINISH, :n].copy(),
+        "generated": S.RI[state.GENERATED, :n].copy(), "charged_ms": S.RF[state.CHARGED, :n].copy(),
+        "preemptions": S.RI[state.PREEMPT, :n].copy()})
     req = pd.DataFrame(columns, copy=False)
     n_t = S.TF.shape[1]
     names = list(tenant_names) if tenant_names is not None else [str(i) for i in range(n_t)]
-    machine = S.TF[T_MACHINE].copy()
+    machine = S.TF[state.T_MACHINE].copy()
     total = machine.sum()
     ten = pd.DataFrame({
         "name": names,
-        "machine_ms": machine, "prefill_ms": S.TF[T_PREFILL].copy(), "decode_ms": S.TF[T_DECODE].copy(),
-        "decode_tokens": S.TI[T_TOKENS].copy(), "requests_admitted": S.TI[T_ADMITTED].copy(),
-        "requests_finished": S.TI[T_FINISHED].copy(), "requests_rejected": S.TI[T_REJECTED].copy(),
+        "machine_ms": machine, "prefill_ms": S.TF[state.T_PREFILL].copy(),
+        "decode_ms": S.TF[state.T_DECODE].copy(),
+        "decode_tokens": S.TI[state.T_TOKENS].copy(), "requests_admitted": S.TI[state.T_ADMITTED].copy(),
+        "requests_finished": S.TI[state.T_FINISHED].copy(),
+        "requests_rejected": S.TI[state.T_REJECTED].copy(),
         "share": machine / total if total > 0 else np.full(n_t, np.nan),
     })
     ten.index.name = "tenant"
-    run = {"busy_ms": float(S.sf[BUSY_MS]), "iterations": int(S.si[ITERATIONS]),
-           "decode_tokens": int(S.si[DECODE_TOKENS]), "end_ms": float(S.sf[T_NOW]), "horizon_ms": float(horizon_ms)}
+    run = {"busy_ms": float(S.sf[state.BUSY_MS]), "iterations": int(S.si[state.ITERATIONS]),
+           "decode_tokens": int(S.si[state.DECODE_TOKENS]), "end_ms": float(S.sf[state.T_NOW]),
+           "horizon_ms": float(horizon_ms)}
     return req, ten, run, pol.counters(pf, n_t)
 
 

@@ -1,7 +1,6 @@
 """The token pool's rules (fairlib/sim/policies/token_pool.py, fairlib/pools.py), each on a case
 computed by hand, driven through ``PolicyGate`` (the gateway's core: the same compiled hooks the
 simulator runs); the capacity formulas; the gateway-in-front-of-replicas simulator."""
-import math
 
 import numpy as np
 import pandas as pd

@@ -10,14 +10,15 @@ from fairlib.sim.engine import SEED000_ENGINE, Engine
 from fairlib.chapters.presets import SEED000_OUTPUT_MEANS, seed000, spread_means
 from fairlib.workload import (
     REQUEST_COLUMNS, Constant, Empirical, Gamma, Geometric, LogNormal, OnOff, Periodic, Poisson,
-    Scenario, Tenant, Uniform, rng_for,
+    Scenario, TenantSpec, Uniform, rng_for,
 )
 
 
-def two_tenants(out1=Geometric(100.0)):
+def two_tenants(out1=None):
+    out1 = Geometric(100.0) if out1 is None else out1
     return Scenario([
-        Tenant("a", output=Geometric(20.0), prompt=Uniform(10, 50), rate_rps=5.0),
-        Tenant("b", output=out1, prompt=Constant(200), arrival="gamma", burstiness=0.5, rate_rps=3.0),
+        TenantSpec("a", output=Geometric(20.0), prompt=Uniform(10, 50), rate_rps=5.0),
+        TenantSpec("b", output=out1, prompt=Constant(200), arrival="gamma", burstiness=0.5, rate_rps=3.0),
     ], engine=SEED000_ENGINE, duration_s=60.0)
 
 
@@ -58,7 +59,7 @@ def test_request_table_schema_and_order():
 
 
 def test_ties_are_ordered_by_tenant_index():
-    sc = Scenario([Tenant(n, output=5, prompt=5, arrival=Periodic(2.0)) for n in ("x", "y", "z")],
+    sc = Scenario([TenantSpec(n, output=5, prompt=5, arrival=Periodic(2.0)) for n in ("x", "y", "z")],
                   duration_s=3.0)
     df = sc.requests(0)
     assert list(df["arrival_ms"]) == [0.0] * 3 + [500.0] * 3 + [1000.0] * 3 + [1500.0] * 3 + \
@@ -79,7 +80,7 @@ def test_changing_one_tenant_leaves_the_others_streams_alone():
 
 def test_est_output_modes():
     def sc(est):
-        return Scenario([Tenant("a", output=Geometric(23.7), prompt=10, rate_rps=20.0, est_output=est)],
+        return Scenario([TenantSpec("a", output=Geometric(23.7), prompt=10, rate_rps=20.0, est_output=est)],
                         duration_s=10.0)
     oracle, mean, none = sc("oracle").requests(0), sc("mean").requests(0), sc(None).requests(0)
     assert np.array_equal(oracle["est_output_tokens"], oracle["output_tokens"])
@@ -88,8 +89,8 @@ def test_est_output_modes():
 
 
 def test_klass_priority_and_weights():
-    sc = Scenario([Tenant("p", output=3, prompt=3, rate_rps=10.0, klass=2, priority=-1, weight=3.0),
-                   Tenant("q", output=3, prompt=3, rate_rps=10.0)], duration_s=5.0)
+    sc = Scenario([TenantSpec("p", output=3, prompt=3, rate_rps=10.0, klass=2, priority=-1, weight=3.0),
+                   TenantSpec("q", output=3, prompt=3, rate_rps=10.0)], duration_s=5.0)
     df = sc.requests(0)
     assert (df.loc[df.tenant == 0, ["klass", "priority"]].to_numpy() == [2, -1]).all()
     assert (df.loc[df.tenant == 1, ["klass", "priority"]].to_numpy() == [0, 0]).all()
@@ -116,7 +117,7 @@ def test_gamma_burstiness_sets_dispersion(burstiness):
 
 
 def test_gamma_burstiness_one_and_poisson_agree_in_law_not_in_stream():
-    t = Tenant("g", output=2, prompt=2, arrival="gamma", burstiness=1.0, rate_rps=4.0)
+    t = TenantSpec("g", output=2, prompt=2, arrival="gamma", burstiness=1.0, rate_rps=4.0)
     assert t.arrival_process(SEED000_ENGINE) == Gamma(4.0, 1.0)
 
 
@@ -216,7 +217,7 @@ def test_machine_ms_per_s_matches_the_hand_computed_seed000_rates():
 
 
 def test_load_batch_changes_the_conversion():
-    t = Tenant("a", output=Constant(100), prompt=Constant(100), machine_ms_per_s=500.0, load_batch=8)
+    t = TenantSpec("a", output=Constant(100), prompt=Constant(100), machine_ms_per_s=500.0, load_batch=8)
     cost = 0.06 * 100 + 100 * (9 + 0.55 * 8) / 8
     assert math.isclose(t.resolved_rate_rps(SEED000_ENGINE), 500.0 / cost, rel_tol=1e-12)
 
@@ -260,24 +261,24 @@ def test_spread_keeps_order_and_geometric_mean_and_hits_the_ratio(s):
 
 
 @pytest.mark.parametrize("call, field", [
-    (lambda: Tenant("a", output=Geometric(10.0), prompt=Constant(5), rate_rps=1.0, machine_ms_per_s=10.0),
+    (lambda: TenantSpec("a", output=Geometric(10.0), prompt=Constant(5), rate_rps=1.0, machine_ms_per_s=10.0),
      "exactly once"),
-    (lambda: Tenant("a", output=Geometric(10.0), prompt=Constant(5)), "exactly once"),
-    (lambda: Tenant("a", output=Geometric(10.0), prompt=Constant(5), arrival=Poisson(2.0), rate_rps=1.0),
+    (lambda: TenantSpec("a", output=Geometric(10.0), prompt=Constant(5)), "exactly once"),
+    (lambda: TenantSpec("a", output=Geometric(10.0), prompt=Constant(5), arrival=Poisson(2.0), rate_rps=1.0),
      "exactly once"),
-    (lambda: Tenant("a", output=Geometric(10.0), prompt=Constant(5), rate_rps=-1.0), "rate_rps"),
-    (lambda: Tenant("a", output=Geometric(10.0), prompt=Constant(5), machine_ms_per_s=-5.0), "machine_ms_per_s"),
-    (lambda: Tenant("a", output=Geometric(10.0), prompt=Constant(5), rate_rps=1.0, arrival="bursty"), "arrival"),
-    (lambda: Tenant("a", output=Geometric(10.0), prompt=Constant(5), rate_rps=1.0, burstiness=2.0), "burstiness"),
-    (lambda: Tenant("a", output=Geometric(10.0), prompt=Constant(5), rate_rps=1.0, est_output="psychic"),
+    (lambda: TenantSpec("a", output=Geometric(10.0), prompt=Constant(5), rate_rps=-1.0), "rate_rps"),
+    (lambda: TenantSpec("a", output=Geometric(10.0), prompt=Constant(5), machine_ms_per_s=-5.0), "machine_ms_per_s"),
+    (lambda: TenantSpec("a", output=Geometric(10.0), prompt=Constant(5), rate_rps=1.0, arrival="bursty"), "arrival"),
+    (lambda: TenantSpec("a", output=Geometric(10.0), prompt=Constant(5), rate_rps=1.0, burstiness=2.0), "burstiness"),
+    (lambda: TenantSpec("a", output=Geometric(10.0), prompt=Constant(5), rate_rps=1.0, est_output="psychic"),
      "est_output"),
-    (lambda: Tenant("a", output="long", prompt=Constant(5), rate_rps=1.0), "output"),
-    (lambda: Tenant("a", output=Geometric(10.0), prompt=Constant(5), rate_rps=1.0, weight=0.0), "weight"),
-    (lambda: Tenant("a", output=Geometric(10.0), prompt=Constant(5), rate_rps=1.0, load_batch=0), "load_batch"),
-    (lambda: Tenant("", output=Geometric(10.0), prompt=Constant(5), rate_rps=1.0), "name"),
+    (lambda: TenantSpec("a", output="long", prompt=Constant(5), rate_rps=1.0), "output"),
+    (lambda: TenantSpec("a", output=Geometric(10.0), prompt=Constant(5), rate_rps=1.0, weight=0.0), "weight"),
+    (lambda: TenantSpec("a", output=Geometric(10.0), prompt=Constant(5), rate_rps=1.0, load_batch=0), "load_batch"),
+    (lambda: TenantSpec("", output=Geometric(10.0), prompt=Constant(5), rate_rps=1.0), "name"),
     (lambda: Scenario([]), "tenants"),
-    (lambda: Scenario([Tenant("a", output=1, prompt=1, rate_rps=1.0)] * 2), "distinct names"),
-    (lambda: Scenario([Tenant("a", output=1, prompt=1, rate_rps=1.0)], duration_s=0.0), "duration_s"),
+    (lambda: Scenario([TenantSpec("a", output=1, prompt=1, rate_rps=1.0)] * 2), "distinct names"),
+    (lambda: Scenario([TenantSpec("a", output=1, prompt=1, rate_rps=1.0)], duration_s=0.0), "duration_s"),
     (lambda: seed000(output_dist="pareto"), "output_dist"),
     (lambda: seed000(flood=-1.0), "flood"),
     (lambda: seed000(flood_tenant="billing"), "flood_tenant"),
@@ -290,7 +291,7 @@ def test_bad_input_names_the_field(call, field):
 
 
 def test_arrival_object_with_its_own_rate():
-    t = Tenant("a", output=2, prompt=2, arrival=OnOff(6.0, on_s=1.0, off_s=2.0))
+    t = TenantSpec("a", output=2, prompt=2, arrival=OnOff(6.0, on_s=1.0, off_s=2.0))
     assert t.resolved_rate_rps(SEED000_ENGINE) == 6.0
-    t2 = Tenant("a", output=2, prompt=2, arrival=OnOff(on_s=1.0, off_s=2.0), machine_ms_per_s=100.0)
+    t2 = TenantSpec("a", output=2, prompt=2, arrival=OnOff(on_s=1.0, off_s=2.0), machine_ms_per_s=100.0)
     assert t2.arrival_process(SEED000_ENGINE) == OnOff(100.0 / SEED000_ENGINE.request_cost_ms(2, 2), 1.0, 2.0)

@@ -15,7 +15,25 @@ __all__ = ["POLICY_COLOURS", "POLICY_LABELS", "policy_colour", "policy_scale", "
 # --- charts --------------------------------------------------------------------------------------
 def latency_chart(lat: pd.DataFrame, metric: str = "ttft", title: Optional[str] = None, column: Optional[str] = None):
     """Points (p50, p90, p99) with their bootstrap intervals per tenant, log scale. ``lat``: a long
-    latency table, optionally with a ``column`` to facet by (e.g. backend or scenario)."""
+    latency table, optionally with a ``column`` to facet by (e.g. backend or scenario).
+
+    Parameters
+    ----------
+    lat : pandas.DataFrame
+        A long latency table (:func:`~fairlib.analysis.latency`): ``tenant``, ``metric``, ``q``,
+        ``estimate``, ``low``, ``high`` (ms).
+    metric : {"ttft", "tpot", "e2e"}, default "ttft"
+        The metric drawn.
+    title : str, optional
+        Default ``"<METRIC> per tenant: p50/p90/p99 with 95% bootstrap intervals"``.
+    column : str, optional
+        A column of ``lat`` to facet rows by.
+
+    Returns
+    -------
+    altair.Chart
+        The chart (a layered or faceted one); altair is imported here.
+    """
     import altair as alt
     d = lat[lat["metric"] == metric].copy()
     d["percentile"] = "p" + d["q"].map(lambda q: f"{q:g}")
@@ -77,8 +95,22 @@ def policy_scale(domain):
 
 
 def share_chart(shares: pd.DataFrame, title: str = "Share per tenant (%)", color: str = "measure"):
-    """Grouped bars: ``shares`` is long with ``tenant``, ``measure``, ``pct`` (and optionally
-    ``scenario`` to facet by)."""
+    """Grouped bars of shares (%) per tenant.
+
+    Parameters
+    ----------
+    shares : pandas.DataFrame
+        Long: ``tenant``, ``pct`` and the ``color`` column (optionally ``scenario``, faceted by).
+    title : str, default "Share per tenant (%)"
+        The title.
+    color : str, default "measure"
+        The column whose values are the bars of a group (and their colours).
+
+    Returns
+    -------
+    altair.Chart
+        The chart (a layered or faceted one); altair is imported here.
+    """
     import altair as alt
     d = shares.copy()
     d["pct"] = d["pct"].astype(float).round(3)
@@ -95,14 +127,28 @@ def share_chart(shares: pd.DataFrame, title: str = "Share per tenant (%)", color
 
 
 def windowed_chart(windowed: pd.DataFrame, title: str = "Windowed Jain index"):
-    """Jain over time (tokens and residency); ``windowed`` may carry ``scenario``/``seed`` columns."""
+    """Jain over time (tokens and residency), one line per ``seed`` and a panel per ``scenario``.
+
+    Parameters
+    ----------
+    windowed : pandas.DataFrame
+        :func:`~fairlib.analysis.windowed_fairness` rows (``t_start_s``, ``jain_tokens``,
+        ``jain_residency``), optionally with ``scenario``, ``seed``, ``backend`` columns.
+    title : str, default "Windowed Jain index"
+        The title.
+
+    Returns
+    -------
+    altair.Chart
+        The chart (a layered or faceted one); altair is imported here.
+    """
     import altair as alt
     keep = [c for c in ("scenario", "seed", "backend") if c in windowed.columns]
     d = windowed[["t_start_s", "jain_tokens", "jain_residency"] + keep].melt(
         id_vars=["t_start_s"] + keep, var_name="over", value_name="jain").dropna(subset=["jain"])
     d["jain"] = d["jain"].astype(float).round(4)
     d["over"] = d["over"].map({"jain_tokens": "token-weighted service", "jain_residency": "residency"})
-    enc = {"x": alt.X("t_start_s:Q", title="window start (s)"),
+    enc: dict = {"x": alt.X("t_start_s:Q", title="window start (s)"),
            "y": alt.Y("jain:Q", scale=alt.Scale(domain=[0, 1]), title="Jain index"),
            "color": alt.Color("over:N", title=None)}
     if "seed" in d.columns:
@@ -118,7 +164,31 @@ def goodput_chart(table: pd.DataFrame, color: str = "policy", title: Optional[st
     """SLO goodput (requests/s) and attainment (%) per tenant, one dot per ``color`` value (a
     policy by default, in the book's policy colours), rows ``scenario: tenant``. ``table``: index
     or columns ``scenario``, ``tenant``, ``color`` (and ``facet``), columns ``goodput_rps`` and
-    ``slo_attainment_pct`` (:func:`fairlib.chapters.tenantbench.goodput_overview`, :func:`live_table`)."""
+    ``slo_attainment_pct`` (:func:`fairlib.chapters.tenantbench.goodput_overview`, :func:`live_table`).
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        As above (flat columns).
+    color : str, default "policy"
+        The column (or index level) whose values are the dots' colours.
+    title : str, optional
+        Default ``"SLO goodput and attainment per tenant"``.
+    scale : altair.Scale, optional
+        The colour scale (e.g. :func:`policy_scale`); default altair's.
+    facet : str, optional
+        A column to draw one panel row per value of.
+
+    Returns
+    -------
+    altair.Chart
+        The chart (a layered or faceted one); altair is imported here.
+
+    Raises
+    ------
+    ValueError
+        ``table`` has MultiIndex columns (flatten them first).
+    """
     measures = {"goodput_rps": "goodput (requests/s)", "slo_attainment_pct": "SLO attainment (%)"}
     return dot_chart(table, measures, color, scale, facet,
                       title or "SLO goodput and attainment per tenant")
@@ -162,7 +232,7 @@ def dot_chart(table, measures: dict, color: str, scale=None, facet: Optional[str
                                                               opacity=1).encode(**enc))
     n_rows = max(len(set(g)) for _, g in d.groupby(facet)["row"]) if facet else len(rows)
     ch = ch.properties(width=200, height=max(60, 16 * n_rows))
-    kw = {"column": alt.Column("measure:N", sort=list(measures.values()), title=None)}
+    kw: dict = {"column": alt.Column("measure:N", sort=list(measures.values()), title=None)}
     if facet:
         kw["row"] = alt.Row(f"{facet}:N", sort=list(dict.fromkeys(d[facet])), title=None)
     return ch.facet(data=long, **kw).resolve_scale(

@@ -7,6 +7,7 @@ TTFT SLO counts as starved.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Mapping
 
@@ -16,7 +17,7 @@ import pandas as pd
 from fairlib.records import Run, load_run
 
 __all__ = ["QS", "STARVATION_FACTOR", "PREFILL_WEIGHT", "DECODE_WEIGHT", "REFUSED", "as_run",
-           "tenant_names_of", "tenant_index", "numeric", "completed", "slo_of"]
+           "tenant_names_of", "tenant_index", "numeric", "completed", "slo_of", "chunks", "load_window"]
 
 
 
@@ -35,7 +36,24 @@ REFUSED = ("http_429", "http_4xx", "connect_error", "client_error")
 
 # --- inputs ------------------------------------------------------------------------------------
 def as_run(x) -> Run:
-    """A :class:`~fairlib.records.Run` from a Run, a run directory path or a records DataFrame."""
+    """A :class:`~fairlib.records.Run` from a Run, a run directory path or a records DataFrame.
+
+    Parameters
+    ----------
+    x : Run, str, pathlib.Path or pandas.DataFrame
+        A Run (returned as it is), a run directory (``load_run``) or records (``Run(x)``: no
+        config, so no scenario or SLOs).
+
+    Returns
+    -------
+    Run
+        The run.
+
+    Raises
+    ------
+    ValueError
+        For any other type, or a directory ``load_run`` refuses.
+    """
     if isinstance(x, Run):
         return x
     if isinstance(x, pd.DataFrame):
@@ -76,3 +94,31 @@ def slo_of(slos: Mapping, name: str) -> tuple:
     if isinstance(s, Mapping):
         return float(s["ttft_ms"]), float(s["tpot_ms"])
     return float(s[0]), float(s[1])
+
+
+def chunks(records: pd.DataFrame):
+    """Flattened chunks: (times_s, tokens, row index)."""
+    times, toks, rows = [], [], []
+    for r, (ct, ck) in enumerate(zip(records["chunk_times_s"], records["chunk_tokens"])):
+        if ct is None or (isinstance(ct, float) and math.isnan(ct)) or len(ct) == 0:
+            continue
+        ct = np.asarray(ct, dtype=np.float64)
+        ck = np.ones(len(ct)) if ck is None or len(ck) != len(ct) else np.asarray(ck, dtype=np.float64)
+        times.append(ct)
+        toks.append(ck)
+        rows.append(np.full(len(ct), r, dtype=np.int64))
+    if not times:
+        return np.zeros(0), np.zeros(0), np.zeros(0, np.int64)
+    return np.concatenate(times), np.concatenate(toks), np.concatenate(rows)
+
+
+def load_window(run: Run, window):
+    """``(lo, hi)`` seconds of ``window``: ``"load"`` = ``[0, duration_s)`` (every time when the
+    duration is unknown), ``"all"`` or None = every time, or a ``(lo, hi)`` pair."""
+    if window == "all" or window is None:
+        return (-math.inf, math.inf)
+    if window == "load":
+        d = run.duration_s
+        return (0.0, d) if math.isfinite(d) else (-math.inf, math.inf)
+    lo, hi = window
+    return (float(lo), float(hi))

@@ -40,7 +40,37 @@ __all__ = ["latency", "latency_wide", "goodput", "starvation"]
 def latency(records: pd.DataFrame, tenant_names=None, qs: Sequence[float] = QS, n_boot: int = 1000,
             seed: int = 0, level: float = 0.95) -> pd.DataFrame:
     """Per-tenant TTFT, TPOT and E2E percentiles (ms) with bootstrap intervals, over the requests
-    that completed. Long format: one row per (tenant, metric, q) with ``estimate, low, high, n``."""
+    that completed (``error_class == "none"``): TTFT = first token - send, TPOT = (E2E - TTFT) /
+    (tokens - 1), E2E = last token - send (:func:`~fairlib.analysis.percentile_cis`).
+
+    Parameters
+    ----------
+    records : pandas.DataFrame
+        One run's records (``fairlib.records.RECORD_COLUMNS``; ``Run.records``).
+    tenant_names : sequence of str, optional
+        The tenants, in order (default: the records' ``tenant_name`` by ``tenant`` index); a
+        record naming another tenant is an error.
+    qs : sequence of float, default QS
+        The percentiles (``QS`` = 50, 90, 99).
+    n_boot : int, default 1000
+        Bootstrap resamples of each interval.
+    seed : int, default 0
+        The bootstrap's seed.
+    level : float, default 0.95
+        The intervals' confidence level, in ``(0, 1)``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Long format, one row per (tenant, metric, q): ``tenant``, ``metric`` (``ttft``, ``tpot``,
+        ``e2e``), ``q``, ``estimate``, ``low``, ``high`` (ms; NaN with no sample) and ``n`` (the
+        sample size).
+
+    Raises
+    ------
+    ValueError
+        A record naming a tenant not in ``tenant_names``, or a bad ``qs``/``n_boot``/``level``.
+    """
     names = tenant_names_of(records, tenant_names)
     t = tenant_index(records, names)
     ok = completed(records)
@@ -60,7 +90,21 @@ def latency(records: pd.DataFrame, tenant_names=None, qs: Sequence[float] = QS, 
 
 def latency_wide(lat: pd.DataFrame, with_ci: bool = False) -> pd.DataFrame:
     """The long latency table as one row per tenant: ``ttft_p50, ttft_p90, ..., e2e_p99`` (ms),
-    plus ``..._low``/``..._high`` columns when ``with_ci``."""
+    plus ``..._low``/``..._high`` columns when ``with_ci``.
+
+    Parameters
+    ----------
+    lat : pandas.DataFrame
+        A long latency table (:func:`latency`).
+    with_ci : bool, default False
+        Add each percentile's interval bounds as ``<metric>_p<q>_low`` and ``..._high``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Index ``tenant`` (in ``lat``'s order), one column ``<metric>_p<q>`` per metric and
+        percentile (ms).
+    """
     names = list(dict.fromkeys(lat["tenant"]))
     cols = {}
     for (m, q), g in lat.groupby(["metric", "q"], sort=False):
@@ -77,9 +121,35 @@ def latency_wide(lat: pd.DataFrame, with_ci: bool = False) -> pd.DataFrame:
 
 # --- SLOs ----------------------------------------------------------------------------------------
 def goodput(records: pd.DataFrame, slos: Mapping, duration_s: float, tenant_names=None) -> pd.DataFrame:
-    """Per tenant: ``sent``, ``completed``, ``met_ttft``, ``met_tpot``, ``met_both``,
-    ``attainment`` (met_both / sent), ``goodput_rps`` (met_both / duration_s) and
-    ``throughput_rps`` (completed / duration_s). ``slos``: name -> (ttft_ms, tpot_ms)."""
+    """SLO goodput per tenant (DistServe): ``goodput_rps = met_both / duration_s``, where
+    ``met_both`` counts the completed requests with ``TTFT <= ttft_ms`` and ``TPOT <= tpot_ms``
+    (a one-token answer has no TPOT and meets it); ``attainment = met_both / sent``.
+
+    Parameters
+    ----------
+    records : pandas.DataFrame
+        One run's records (``fairlib.records.RECORD_COLUMNS``; ``Run.records``).
+    slos : mapping
+        Tenant name -> ``(ttft_ms, tpot_ms)`` (a tuple, ``fairlib.scenarios.SLO`` or a mapping
+        with those keys), one for every tenant.
+    duration_s : float
+        The load window (s, > 0) the rates are over (``Run.duration_s``).
+    tenant_names : sequence of str, optional
+        The tenants, in order (default: the records' ``tenant_name`` by ``tenant`` index); a
+        record naming another tenant is an error.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Index ``tenant``; columns ``ttft_slo_ms``, ``tpot_slo_ms``, ``sent``, ``completed``,
+        ``met_ttft``, ``met_tpot``, ``met_both``, ``attainment`` (NaN when none was sent),
+        ``goodput_rps`` and ``throughput_rps`` (completed / duration_s).
+
+    Raises
+    ------
+    ValueError
+        ``duration_s`` not > 0, a tenant without an SLO, or a record naming an unknown tenant.
+    """
     if not (isinstance(duration_s, (int, float, np.integer, np.floating)) and duration_s > 0):
         raise ValueError(f"goodput: duration_s must be a number > 0, got {duration_s!r}")
     names = tenant_names_of(records, tenant_names)
@@ -107,9 +177,34 @@ def goodput(records: pd.DataFrame, slos: Mapping, duration_s: float, tenant_name
 
 def starvation(records: pd.DataFrame, slos: Mapping, factor: float = STARVATION_FACTOR,
                tenant_names=None) -> pd.DataFrame:
-    """Per tenant: ``accepted`` (sent and not refused: see ``REFUSED``), ``starved`` (TTFT over
-    ``factor x`` the TTFT SLO, or no first token at all), ``incidence`` = starved / accepted,
-    and ``refused`` (429/4xx/connection failures)."""
+    """Starvation incidence per tenant: ``incidence = starved / accepted``, where ``accepted`` are
+    the requests sent and not refused (``REFUSED``: 429, 4xx, connection failures) and
+    ``starved`` those of them with ``TTFT > factor * ttft_ms`` or no first token at all.
+
+    Parameters
+    ----------
+    records : pandas.DataFrame
+        One run's records (``fairlib.records.RECORD_COLUMNS``; ``Run.records``).
+    slos : mapping
+        Tenant name -> ``(ttft_ms, tpot_ms)`` (a tuple, ``fairlib.scenarios.SLO`` or a mapping
+        with those keys), one for every tenant.
+    factor : float, default STARVATION_FACTOR
+        The multiple of the TTFT SLO beyond which a request counts as starved (default 10).
+    tenant_names : sequence of str, optional
+        The tenants, in order (default: the records' ``tenant_name`` by ``tenant`` index); a
+        record naming another tenant is an error.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Index ``tenant``; columns ``accepted``, ``starved``, ``incidence`` (NaN when none was
+        accepted) and ``refused``.
+
+    Raises
+    ------
+    ValueError
+        A tenant without an SLO, or a record naming an unknown tenant.
+    """
     names = tenant_names_of(records, tenant_names)
     t = tenant_index(records, names)
     sent = ~np.isnan(numeric(records, "actual_send_s"))

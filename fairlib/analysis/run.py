@@ -5,8 +5,9 @@ starvation, token-weighted and residency fairness, windowed Jain, validity) into
 :class:`RunAnalysis`; ``tenant_table``, ``combine``, ``fairness_table``, ``validity_table`` lay
 many runs side by side.
 
-- **Victim degradation**: a tenant's p99 TTFT/E2E and goodput in the contention run over the same
-  in the baseline run (the victim alone at the same rate).
+- **Victim degradation** (``fairlib.analysis.victim``, re-exported here): a tenant's p99 TTFT/E2E
+  and goodput in the contention run over the same in the baseline run (the victim alone at the
+  same rate).
 - **Validity**: from ``summary.json``: p99 schedule lag against the run's threshold, requested vs
   achieved send rate.
 """
@@ -16,81 +17,45 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-import numpy as np
 import pandas as pd
 
-from fairlib.analysis.common import QS, as_run, completed, numeric
-from fairlib.analysis.indices import jain_index, percentile_cis
+from fairlib.analysis.common import QS, as_run
+from fairlib.analysis.indices import jain_index
 from fairlib.analysis.latencies import goodput, latency, latency_wide, starvation
-from fairlib.analysis.service import build_intervals, fairness, residency, token_service, windowed_fairness
+from fairlib.analysis.run_fairness import fairness, windowed_fairness
+from fairlib.analysis.service import build_intervals, residency, token_service
+from fairlib.analysis.victim import victim_degradation, victim_overview, victim_table
 from fairlib.records import Run
 
 __all__ = ["victim_degradation", "validity", "RunAnalysis", "analyze_run", "tenant_table",
            "combine", "pooled_latency", "ci_table", "fairness_table", "validity_table",
            "tenant_latency", "latency_overview", "victim_table", "victim_overview"]
 
-# --- victim and validity -------------------------------------------------------------------------
-def _tenant_ms(runs: Sequence[Run], tenant: str) -> dict:
-    """``{"ttft": ms, "e2e": ms}``: the successful requests of ``tenant`` over ``runs``."""
-    recs = pd.concat([r.records for r in runs], ignore_index=True)
-    mine = (recs["tenant_name"].astype(str) == tenant).to_numpy() & completed(recs)
-    out = {}
-    for m in ("ttft", "e2e"):
-        x = numeric(recs, f"{m}_s")[mine] * 1e3
-        out[m] = x[~np.isnan(x)]
-    return out
 
-
-def _victim_numbers(runs: Sequence[Run], tenant: str, n_boot: int, seed: int) -> dict:
-    out = {}
-    for m, x in _tenant_ms(runs, tenant).items():
-        ci = percentile_cis(x, (50, 99), n_boot=n_boot, seed=seed)
-        out[f"{m}_p50_ms"] = ci.loc[50.0, "estimate"]
-        out[f"{m}_p99_ms"] = ci.loc[99.0, "estimate"]
-        out[f"{m}_p99_low"] = ci.loc[99.0, "low"]
-        out[f"{m}_p99_high"] = ci.loc[99.0, "high"]
-    gps, att = [], []
-    for r in runs:
-        if tenant not in r.slos:
-            raise ValueError(f"victim_degradation: run {r.name!r} has no SLO for {tenant!r}")
-        g = goodput(r.records, r.slos, r.duration_s, tenant_names=r.tenant_names)
-        gps.append(g.loc[tenant, "goodput_rps"])
-        att.append(g.loc[tenant, "attainment"])
-    out["goodput_rps"] = float(np.mean(gps))
-    out["attainment"] = float(np.mean(att))
-    return out
-
-
-def victim_degradation(contention, baseline, tenant: Optional[str] = None, n_boot: int = 1000,
-                       seed: int = 0) -> pd.DataFrame:
-    """The victim's numbers under contention, alone (the baseline run: the victim alone at the same
-    rate) and their ratio (contention / alone): p50 and p99 TTFT and E2E (ms, over the pooled
-    completed requests of the runs given), goodput (requests/s meeting both SLOs, mean over runs)
-    and SLO attainment. A latency ratio above 1 and a goodput ratio below 1 are the damage.
-    ``tenant`` defaults to the contention scenario's ``victim``."""
-    cons = [as_run(r) for r in (contention if isinstance(contention, (list, tuple)) else [contention])]
-    bases = [as_run(r) for r in (baseline if isinstance(baseline, (list, tuple)) else [baseline])]
-    if not cons or not bases:
-        raise ValueError("victim_degradation needs at least one contention run and one baseline run")
-    tenant = tenant or cons[0].scenario.get("victim")
-    if tenant is None:
-        raise ValueError("victim_degradation: name the tenant (the scenario names no victim)")
-    a = _victim_numbers(cons, tenant, n_boot, seed)
-    b = _victim_numbers(bases, tenant, n_boot, seed)
-    keys = ["ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "goodput_rps", "attainment"]
-    rows = []
-    for k in keys:
-        ratio = a[k] / b[k] if b[k] not in (0, 0.0) and not math.isnan(b[k]) else math.nan
-        rows.append({"metric": k, "contention": a[k], "alone": b[k], "ratio": ratio})
-    out = pd.DataFrame(rows).set_index("metric")
-    out.attrs["tenant"] = tenant
-    return out
-
-
+# --- validity ------------------------------------------------------------------------------------
 def validity(run) -> dict:
     """The run's own validity, from its summary: ``valid``, ``reason``, schedule lag p50/p99/max
     (ms) against ``threshold_ms``, ``requested_rps``, ``achieved_rps`` and their ratio, requests
-    planned and completed, and the error classes seen."""
+    planned and completed, and the error classes seen.
+
+    Parameters
+    ----------
+    run : Run, str, pathlib.Path or pandas.DataFrame
+        The run (anything ``as_run`` takes); its ``summary.json`` is read.
+
+    Returns
+    -------
+    dict
+        ``backend``, ``valid``, ``reason``, ``lag_p50_ms``, ``lag_p99_ms``, ``lag_max_ms``,
+        ``threshold_ms``, ``requested_rps``, ``achieved_rps``, ``achieved_over_requested``,
+        ``n_planned``, ``n_ok``, ``interrupted`` and ``errors`` (error class -> count, ``none``
+        left out); ``None`` for a number the summary lacks.
+
+    Raises
+    ------
+    ValueError
+        A run ``as_run`` refuses.
+    """
     run = as_run(run)
     s = run.summary or {}
     lag = s.get("schedule_lag_ms") or {}
@@ -107,7 +72,35 @@ def validity(run) -> dict:
 # --- one run, many runs --------------------------------------------------------------------------
 @dataclass
 class RunAnalysis:
-    """Everything :func:`analyze_run` computes for one run."""
+    """Everything :func:`analyze_run` computes for one run (``name`` and ``seed``: the run's).
+
+    Parameters
+    ----------
+    run : Run
+        The run analysed.
+    latency : pandas.DataFrame
+        :func:`~fairlib.analysis.latency` (long: tenant, metric, q, estimate, low, high, n).
+    goodput : pandas.DataFrame
+        :func:`~fairlib.analysis.goodput`, per tenant.
+    starvation : pandas.DataFrame
+        :func:`~fairlib.analysis.starvation`, per tenant.
+    tokens : pandas.DataFrame
+        :func:`~fairlib.analysis.token_service` over the load window, per tenant.
+    residency : pandas.DataFrame
+        :func:`~fairlib.analysis.residency` (``prefill="split"``), per tenant.
+    fairness : dict
+        :func:`~fairlib.analysis.fairness`: the six whole-run indices.
+    windowed : pandas.DataFrame
+        :func:`~fairlib.analysis.windowed_fairness`, per window.
+    validity : dict
+        :func:`validity` of the run.
+    slos : dict, optional
+        Tenant -> ``(ttft_ms, tpot_ms)`` used.
+    residency_fitted : pandas.DataFrame, optional
+        :func:`~fairlib.analysis.residency` with ``prefill="fitted"``.
+    cost_fit : dict, optional
+        :func:`~fairlib.analysis.fit_iteration_cost` of the run.
+    """
 
     run: Run
     latency: pd.DataFrame
@@ -135,7 +128,35 @@ def analyze_run(run, slos: Optional[Mapping] = None, window="load", window_s: fl
                 seed: int = 0, tick_tol_s: Optional[float] = None) -> RunAnalysis:
     """All tenantbench metrics of one run (SLOs from the run's scenario unless given). The stream
     intervals (``build_intervals``) are built once and shared by residency, fairness and the
-    windowed series."""
+    windowed series.
+
+    Parameters
+    ----------
+    run : Run, str, pathlib.Path or pandas.DataFrame
+        The run (anything ``as_run`` takes).
+    slos : mapping, optional
+        Tenant -> ``(ttft_ms, tpot_ms)``; default ``Run.slos`` (the scenario's).
+    window : {"load", "all"} or tuple of float, default "load"
+        The window of token service, residency and fairness (``token_service``).
+    window_s : float, default 10.0
+        Window length (s, > 0) of the windowed Jain series.
+    n_boot : int, default 1000
+        Bootstrap resamples of the latency intervals.
+    seed : int, default 0
+        The bootstrap's seed.
+    tick_tol_s : float, optional
+        The tick tolerance of the stream intervals (s; default from the chunk gaps).
+
+    Returns
+    -------
+    RunAnalysis
+        Every metric of the run.
+
+    Raises
+    ------
+    ValueError
+        No SLOs (neither given nor in the run's config), or what a metric refuses.
+    """
     run = as_run(run)
     names = run.tenant_names
     slos = dict(slos) if slos is not None else run.slos
@@ -162,7 +183,21 @@ def analyze_run(run, slos: Optional[Mapping] = None, window="load", window_s: fl
 
 def tenant_table(a: RunAnalysis) -> pd.DataFrame:
     """One row per tenant: requests, latency percentiles (ms), SLO goodput and attainment,
-    starvation, token-weighted and residency shares (%)."""
+    starvation, token-weighted and residency shares (%).
+
+    Parameters
+    ----------
+    a : RunAnalysis
+        One run's analysis (:func:`analyze_run`).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Index ``tenant``; columns ``requests``, ``completed``, ``ttft_p50_ms``, ``ttft_p99_ms``,
+        ``tpot_p50_ms``, ``tpot_p99_ms``, ``e2e_p50_ms``, ``e2e_p99_ms``, ``goodput_rps``,
+        ``slo_attainment_pct``, ``starved_pct``, ``token_share_pct``, ``served_frac_pct``,
+        ``residency_share_pct`` and, when fitted, ``residency_fitted_share_pct``.
+    """
     lat = latency_wide(a.latency)
     out = pd.DataFrame(index=lat.index)
     out["requests"] = a.goodput["sent"]
@@ -182,7 +217,19 @@ def tenant_table(a: RunAnalysis) -> pd.DataFrame:
 
 def combine(analyses: Sequence[RunAnalysis]) -> pd.DataFrame:
     """Tenant tables of several runs (seeds) of one scenario: the mean over runs, with ``_sd``
-    columns (the standard deviation over runs) for the shares and tail latencies."""
+    columns (the standard deviation over runs) for the shares and tail latencies.
+
+    Parameters
+    ----------
+    analyses : sequence of RunAnalysis
+        The analyses of the runs (:func:`analyze_run`).
+
+    Returns
+    -------
+    pandas.DataFrame
+        :func:`tenant_table`'s columns (means over runs); with two runs or more also
+        ``ttft_p99_ms_sd``, ``residency_share_pct_sd``, ``token_share_pct_sd`` (ddof 1).
+    """
     tabs = [tenant_table(a) for a in analyses]
     allt = pd.concat(tabs, keys=range(len(tabs)), names=["run", "tenant"])
     names = list(tabs[0].index)
@@ -197,14 +244,42 @@ def combine(analyses: Sequence[RunAnalysis]) -> pd.DataFrame:
 
 def pooled_latency(runs: Sequence, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Latency percentiles with bootstrap intervals over the pooled completed requests of
-    several runs (seeds) of one scenario."""
+    several runs (seeds) of one scenario.
+
+    Parameters
+    ----------
+    runs : sequence
+        The runs (anything ``as_run`` takes), at least one; the first gives the tenants.
+    n_boot : int, default 1000
+        Bootstrap resamples of each interval.
+    seed : int, default 0
+        The bootstrap's seed.
+
+    Returns
+    -------
+    pandas.DataFrame
+        :func:`~fairlib.analysis.latency`'s long table over the pooled records.
+    """
     runs = [as_run(r) for r in runs]
     recs = pd.concat([r.records for r in runs], ignore_index=True)
     return latency(recs, runs[0].tenant_names, n_boot=n_boot, seed=seed)
 
 
 def fairness_table(analyses: Sequence[RunAnalysis]) -> pd.DataFrame:
-    """The fairness numbers of each run, one row per run (scenario, seed, backend)."""
+    """The fairness numbers of each run, one row per run (scenario, seed, backend).
+
+    Parameters
+    ----------
+    analyses : sequence of RunAnalysis
+        The analyses of the runs (:func:`analyze_run`).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``scenario``, ``seed``, ``backend``, the six of :func:`~fairlib.analysis.fairness`,
+        ``jain_residency_fitted`` (when fitted), ``windowed_jain_tokens_min`` and
+        ``windowed_jain_residency_min``.
+    """
     rows = []
     for a in analyses:
         extra = {}
@@ -220,7 +295,17 @@ def fairness_table(analyses: Sequence[RunAnalysis]) -> pd.DataFrame:
 def validity_table(runs: Sequence) -> pd.DataFrame:
     """:func:`validity` of each run, one row per run: ``scenario``, ``seed``, then the fields of
     :func:`validity` with ``errors`` as text (``"timeout 2, http_429 1"``, ``"-"`` for none).
-    ``runs``: :class:`RunAnalysis` objects (their ``validity``) or runs (anything ``as_run`` takes)."""
+
+    Parameters
+    ----------
+    runs : sequence of RunAnalysis or Run
+        :class:`RunAnalysis` objects (their ``validity``) or runs (anything ``as_run`` takes).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per run: ``scenario``, ``seed`` and :func:`validity`'s fields.
+    """
     rows = []
     for x in runs:
         run = x.run if isinstance(x, RunAnalysis) else as_run(x)
@@ -232,7 +317,21 @@ def validity_table(runs: Sequence) -> pd.DataFrame:
 
 def ci_table(lat: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
     """A long latency table as text, one row per (tenant, metric), one column per percentile:
-    ``estimate [low, high]`` (ms)."""
+    ``estimate [low, high]`` (ms).
+
+    Parameters
+    ----------
+    lat : pandas.DataFrame
+        A long latency table (:func:`~fairlib.analysis.latency`).
+    digits : int, default 1
+        Decimals shown.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Index (tenant, metric); one text column per percentile (``p50``, ...); ``-`` where the
+        estimate is NaN.
+    """
     def fmt(r):
         if math.isnan(r["estimate"]):
             return "-"
@@ -246,7 +345,27 @@ def ci_table(lat: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
 def tenant_latency(a: RunAnalysis, metrics: Sequence[str] = ("ttft", "tpot", "e2e"),
                    qs: Sequence[float] = QS) -> pd.DataFrame:
     """One row per tenant: every percentile ``<metric>_p<q>_ms`` (p50, p90 and p99 by default)
-    over the run's completed requests (ms): :func:`tenant_table` with p90 beside p50 and p99."""
+    over the run's completed requests (ms): :func:`tenant_table` with p90 beside p50 and p99.
+
+    Parameters
+    ----------
+    a : RunAnalysis
+        One run's analysis (:func:`analyze_run`).
+    metrics : sequence of str, default ("ttft", "tpot", "e2e")
+        The latency metrics.
+    qs : sequence of float, default QS
+        The percentiles (p50, p90, p99); each must be one :func:`analyze_run` computed.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Index ``tenant``; columns ``<metric>_p<q>_ms``.
+
+    Raises
+    ------
+    ValueError
+        A percentile the run's latency table lacks.
+    """
     lat = latency_wide(a.latency)
     cols = [f"{m}_p{q:g}" for m in metrics for q in qs]
     missing = [c for c in cols if c not in lat.columns]
@@ -261,8 +380,22 @@ def tenant_latency(a: RunAnalysis, metrics: Sequence[str] = ("ttft", "tpot", "e2
 def latency_overview(results: dict, metrics: Sequence[str] = ("ttft", "tpot", "e2e"),
                      qs: Sequence[float] = QS) -> pd.DataFrame:
     """:func:`tenant_latency` of every run of ``results`` (``{(scenario, policy): [RunAnalysis
-    per seed]}``, ``fairlib.chapters.tenantbench.analyze_all``), the mean over seeds: index (scenario,
-    policy, tenant)."""
+    per seed]}``, ``fairlib.chapters.tenantbench.analyze_all``), the mean over seeds.
+
+    Parameters
+    ----------
+    results : dict
+        ``{(scenario, policy): [RunAnalysis per seed]}`` (``fairlib.chapters.tenantbench.analyze_all``).
+    metrics : sequence of str, default ("ttft", "tpot", "e2e")
+        The latency metrics.
+    qs : sequence of float, default QS
+        The percentiles (p50, p90, p99); each must be one :func:`analyze_run` computed.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Index (scenario, policy, tenant); columns ``<metric>_p<q>_ms``.
+    """
     parts = []
     for (name, pol), analyses in results.items():
         tabs = [tenant_latency(a, metrics, qs) for a in analyses]
@@ -271,49 +404,3 @@ def latency_overview(results: dict, metrics: Sequence[str] = ("ttft", "tpot", "e
         t.index = pd.MultiIndex.from_product([[name], [pol], names], names=["scenario", "policy", "tenant"])
         parts.append(t)
     return pd.concat(parts)
-
-
-def victim_table(contention, baseline, tenant: Optional[str] = None, qs: Sequence[float] = QS,
-                 n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """:func:`victim_degradation` with every percentile of ``qs`` (p50, p90, p99): the victim's
-    TTFT and E2E percentiles (ms, pooled completed requests of the runs given), goodput and
-    attainment under contention, alone, and their ratio."""
-    cons = [as_run(r) for r in (contention if isinstance(contention, (list, tuple)) else [contention])]
-    bases = [as_run(r) for r in (baseline if isinstance(baseline, (list, tuple)) else [baseline])]
-    base = victim_degradation(cons, bases, tenant, n_boot=n_boot, seed=seed)
-    tenant = base.attrs["tenant"]
-
-    def pct(runs):
-        out = {}
-        for m, x in _tenant_ms(runs, tenant).items():
-            for q in qs:
-                out[f"{m}_p{q:g}_ms"] = float(np.percentile(x, q)) if x.size else math.nan
-        return out
-    a, b = pct(cons), pct(bases)
-    rows = []
-    for k in list(a) + ["goodput_rps", "attainment"]:
-        c, al = (a[k], b[k]) if k in a else (base.loc[k, "contention"], base.loc[k, "alone"])
-        ratio = c / al if al not in (0, 0.0) and not math.isnan(al) else math.nan
-        rows.append({"metric": k, "contention": c, "alone": al, "ratio": ratio})
-    out = pd.DataFrame(rows).set_index("metric")
-    out.attrs["tenant"] = tenant
-    return out
-
-
-def victim_overview(results: dict, qs: Sequence[float] = QS, n_boot: int = 500) -> Optional[pd.DataFrame]:
-    """:func:`victim_table` for every scenario of ``results`` that names a victim and whose
-    baseline ran: index (scenario, policy, victim, metric); ``None`` when there is none."""
-    by_name: dict = {}
-    for (name, _), analyses in results.items():
-        by_name.setdefault(name, []).extend(a.run for a in analyses)
-    parts = []
-    for (name, pol), analyses in results.items():
-        scen = analyses[0].run.scenario
-        if scen.get("victim") and scen.get("baseline") in by_name:
-            vd = victim_table([a.run for a in analyses], by_name[scen["baseline"]], scen["victim"], qs, n_boot)
-            vd.index = pd.MultiIndex.from_product([[name], [pol], [scen["victim"]], list(vd.index)],
-                                                  names=["scenario", "policy", "victim", "metric"])
-            parts.append(vd)
-    return pd.concat(parts) if parts else None
-
-

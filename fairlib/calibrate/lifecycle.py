@@ -36,23 +36,24 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import ctypes
 import functools
-import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import IO, Optional
 
+from fairlib.calibrate.engine_kinds import (DEFAULT_SERVED_NAME, KINDS, EngineStartError, default_model,
+                                            engine_available, fairlib_command, flag_args, llama_server_path,
+                                            llamacpp_command, vllm_command, vllm_python)
+from fairlib.calibrate.processes import (HOST, check_cpus, child_setup, free_port, group_members, http_get,
+                                         move_threads, nice_of, port_is_free, rss_bytes_of, sched_of)
+from fairlib.calibrate.tokenizer import ModelTokenizer
 from fairlib.client import EndpointConfig
 from fairlib.client.endpoint import server_root
 from fairlib.paths import engine_logs_dir, engines_dir, repo_root
@@ -61,11 +62,12 @@ __all__ = [
     "KINDS", "EngineStartError", "EngineProcess", "ModelTokenizer", "start_engine", "engine_available",
     "engines_dir", "repo_root", "group_members", "free_port", "port_is_free", "default_model", "vllm_python",
     "llama_server_path", "stop_all", "DEFAULT_NICE", "DEFAULT_SCHED_IDLE", "nice_of", "sched_of",
+    "HOST", "DEFAULT_SERVED_NAME",
 ]
 
-KINDS = ("fairlib", "vllm", "llamacpp", "external")
-HOST = "127.0.0.1"
-DEFAULT_SERVED_NAME = "tiny-llama"
+#: the old private names, kept for the tests that use them
+_flag_args, _vllm, _llamacpp, _fairlib = flag_args, vllm_command, llamacpp_command, fairlib_command
+
 DEFAULT_TIMEOUT_S = {"fairlib": 60.0, "vllm": 600.0, "llamacpp": 120.0, "external": 30.0}
 #: How many steps below the starting process a real engine runs (``os.nice``), by default. On a
 #: machine shared by client and engine (this project's 2 cores), an engine at equal priority keeps
@@ -88,84 +90,6 @@ DEFAULT_SCHED_IDLE = {"fairlib": False, "vllm": True, "llamacpp": True, "externa
 LOG_TAIL_LINES = 60
 
 
-class EngineStartError(RuntimeError):
-    """The engine did not become healthy: it exited, or the timeout passed. The message ends with
-    the tail of its log."""
-
-
-# --- where things are -------------------------------------------------------------------------
-
-def vllm_python() -> Path:
-    return engines_dir() / "vllm-venv" / "bin" / "python"
-
-
-def llama_server_path() -> Path:
-    return engines_dir() / "llama.cpp" / "build" / "bin" / "llama-server"
-
-
-def default_model(kind: str) -> Optional[Path]:
-    """The tiny model made by engines/make_models.py: the HF folder (vllm) or the GGUF (llamacpp)."""
-    models = engines_dir() / "models"
-    metas = sorted(models.glob("*/fairlib_model.json"))
-    # the default shape first (4 layers, hidden 512, vocab 8192, seed 0), else the first one made
-    metas.sort(key=lambda p: p.parent.name != "tiny-llama-4l-512h-8192v-s0")
-    for meta in metas:
-        folder = meta.parent
-        gguf = folder.parent / f"{folder.name}.gguf"
-        if kind == "vllm" and (folder / "config.json").exists():
-            return folder
-        if kind == "llamacpp" and gguf.exists():
-            return gguf
-    return None
-
-
-def engine_available(kind: str) -> tuple:
-    """``(True, "")`` when ``kind`` can be started here, else ``(False, why)``."""
-    if kind not in KINDS:
-        return False, f"unknown engine kind {kind!r} (one of {KINDS})"
-    if kind == "external":
-        return True, ""
-    if kind == "fairlib":
-        missing = [m for m in ("aiohttp", "numba") if importlib.util.find_spec(m) is None]
-        if missing:
-            return False, f"`fairlib serve` needs {missing}: not installed in this environment"
-        return True, ""
-    setup = {"vllm": "engines/setup_vllm.sh", "llamacpp": "engines/setup_llamacpp.sh"}[kind]
-    exe = vllm_python() if kind == "vllm" else llama_server_path()
-    if not exe.exists():
-        return False, f"{exe} is missing: run {setup} (or make engines)"
-    if default_model(kind) is None:
-        return False, f"no tiny model in {engines_dir() / 'models'}: run engines/setup_models.sh"
-    return True, ""
-
-
-# --- ports and HTTP ---------------------------------------------------------------------------
-
-def free_port(host: str = HOST) -> int:
-    """A port nothing listens on now (the OS's pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_is_free(port: int, host: str = HOST) -> bool:
-    """True when nothing accepts connections on ``host:port``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) != 0
-
-
-def _http_get(url: str, timeout: float = 2.0) -> tuple:
-    """``(status, body_text)``; status 0 when nothing answered."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode("utf-8", "replace") if e.fp else ""
-    except (urllib.error.URLError, OSError, TimeoutError):
-        return 0, ""
-
-
 # --- process bookkeeping ----------------------------------------------------------------------
 
 _LIVE: "set[EngineProcess]" = set()
@@ -184,127 +108,6 @@ def stop_all() -> None:
 atexit.register(stop_all)
 
 
-def nice_of(pid: int) -> Optional[int]:
-    """A process's nice value as the kernel reports it (``/proc/PID/stat`` field 19; the command
-    name may hold spaces, so split after its closing parenthesis), or None off Linux."""
-    try:
-        return int(Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[16])
-    except (OSError, ValueError, IndexError, TypeError):
-        return None
-
-
-def sched_of(pid: int) -> Optional[str]:
-    """A process's scheduling policy (``"other"``, ``"idle"``, ``"batch"``, ``"fifo"``, ``"rr"``),
-    or None when it cannot be read."""
-    try:
-        pol = os.sched_getscheduler(int(pid))
-    except (OSError, AttributeError, TypeError, ValueError):
-        return None
-    names = {getattr(os, f"SCHED_{n.upper()}", None): n for n in ("other", "idle", "batch", "fifo", "rr")}
-    return names.get(pol, str(pol))
-
-
-def _pdeathsig(nice: int = 0, idle: bool = False):
-    """In the child, before exec: get SIGTERM if the parent dies (Linux), in a new session, and
-    run ``nice`` steps below the parent, under ``SCHED_IDLE`` when ``idle`` (both inherited by
-    every process and thread it starts)."""
-    os.setsid()
-    if nice:
-        os.nice(int(nice))
-    if idle and hasattr(os, "SCHED_IDLE"):
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def group_members(pgid: int) -> list:
-    """Pids whose process group is ``pgid`` (Linux /proc; empty elsewhere)."""
-    out = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(d.name))
-    return out
-
-
-def _rss_bytes(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def _flag_args(flags: dict) -> list:
-    """``{"max_batch": 8, "verbose": True, "policy_param": ["a=1", "b=2"]}`` ->
-    ``["--max-batch", "8", "--verbose", "--policy-param", "a=1", "--policy-param", "b=2"]``."""
-    args = []
-    for k, v in flags.items():
-        if v is None or v is False:
-            continue
-        opt = "--" + k.replace("_", "-")
-        if v is True:
-            args.append(opt)
-        elif isinstance(v, (list, tuple)):  # an "append" option: repeated
-            for x in v:
-                args += [opt, str(x)]
-        else:
-            args += [opt, str(v)]
-    return args
-
-
-# --- the tokenizer of the tiny models ---------------------------------------------------------
-
-class ModelTokenizer:
-    """Encode/decode over a tiny model's vocabulary (its ``tokenizer.json``), without ``tokenizers``.
-
-    Greedy longest match over each whitespace-separated word with ``▁`` prepended. Not the
-    engines' own segmentation (that does not matter here): it yields valid, ordinary token ids,
-    so ``build_schedule(..., tokenizer=ModelTokenizer(folder))`` sends token-id prompts of exact
-    length. Special, byte and unknown tokens are never produced.
-    """
-
-    def __init__(self, folder):
-        self.folder = Path(folder)
-        tj = json.loads((self.folder / "tokenizer.json").read_text(encoding="utf-8"))
-        pieces = [p for p, _ in tj["model"]["vocab"]]
-        self.name_or_path = str(self.folder)
-        self.pieces = pieces
-        special = {a["content"] for a in tj.get("added_tokens", [])}
-        self.ids = {p: i for i, p in enumerate(pieces)
-                    if p not in special and not (p.startswith("<0x") and p.endswith(">") and len(p) == 6)
-                    and i != tj["model"].get("unk_id", 0)}
-        self.max_len = max(len(p) for p in self.ids)
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list:
-        out = []
-        for word in text.split():
-            s = "\u2581" + word
-            i = 0
-            while i < len(s):
-                for n in range(min(self.max_len, len(s) - i), 0, -1):
-                    tid = self.ids.get(s[i:i + n])
-                    if tid is not None:
-                        out.append(tid)
-                        i += n
-                        break
-                else:
-                    i += 1  # a character outside the vocabulary: dropped
-        return out
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(self.pieces[i] for i in ids).replace("\u2581", " ").lstrip(" ")
-
-
-# --- the engine process -----------------------------------------------------------------------
 
 @dataclass
 class EngineProcess:
@@ -325,9 +128,11 @@ class EngineProcess:
     settings: dict = field(default_factory=dict)  # what endpoint_config() needs to know
     nice: int = 0                                 # steps below the starting process (os.nice)
     sched_idle: bool = False                      # run under SCHED_IDLE (DEFAULT_SCHED_IDLE)
+    cpus: Optional[frozenset] = None              # the CPUs it is confined to (None: any)
+    front_cpus: Optional[frozenset] = None        # its first process's CPUs once it is up (None: cpus)
     proc: Optional[subprocess.Popen] = field(default=None, repr=False)
     startup_s: Optional[float] = None             # seconds from spawn to healthy
-    _log_file: object = field(default=None, repr=False)
+    _log_file: Optional[IO[bytes]] = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.base_url is None:
@@ -344,6 +149,7 @@ class EngineProcess:
     # -- URLs
     @property
     def server_root(self) -> str:
+        assert self.base_url is not None   # set in __post_init__
         return server_root(self.base_url)
 
     @property
@@ -363,7 +169,7 @@ class EngineProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def healthy(self, timeout: float = 2.0) -> bool:
-        return _http_get(self.health_url, timeout)[0] == 200
+        return http_get(self.health_url, timeout)[0] == 200
 
     # -- lifecycle
     def start(self) -> "EngineProcess":
@@ -387,17 +193,29 @@ class EngineProcess:
         self.proc = subprocess.Popen(
             [str(c) for c in self.command], stdin=subprocess.DEVNULL, stdout=self._log_file,
             stderr=subprocess.STDOUT, env=env, cwd=str(repo_root()),
-            preexec_fn=functools.partial(_pdeathsig, self.nice, self.sched_idle),
+            preexec_fn=functools.partial(child_setup, self.nice, self.sched_idle, self.cpus),
             close_fds=True)
         with _LIVE_LOCK:
             _LIVE.add(self)
         try:
             self._wait_healthy(t0)
+            if self.front_cpus:
+                self._move_front()
         except BaseException:
             self.stop()
             raise
         self.startup_s = time.monotonic() - t0
         return self
+
+    def _move_front(self) -> None:
+        """The first process's threads onto ``front_cpus``; one that exited in between is a start
+        that failed (with its log tail)."""
+        assert self.proc is not None and self.front_cpus is not None
+        try:
+            move_threads(self.proc.pid, self.front_cpus)
+        except FileNotFoundError:
+            raise EngineStartError(f"{self.kind} engine exited right after it was healthy; log {self.log_path}:\n"
+                                   f"{self.log_tail()}") from None
 
     def _wait_healthy(self, t0: float) -> None:
         deadline = t0 + self.startup_timeout_s
@@ -407,7 +225,7 @@ class EngineProcess:
                 raise EngineStartError(
                     f"{self.kind} engine exited with code {self.proc.returncode} before it was healthy "
                     f"({self.health_url}); log {self.log_path}:\n{self.log_tail()}")
-            status, _ = _http_get(self.health_url, timeout=2.0)
+            status, _ = http_get(self.health_url, timeout=2.0)
             if status == 200:
                 return
             if time.monotonic() > deadline:
@@ -469,11 +287,11 @@ class EngineProcess:
 
     def pids(self) -> list:
         """The engine's live processes (its process group)."""
-        return group_members(self.proc.pid) if self.alive else []
+        return group_members(self.proc.pid) if self.proc is not None and self.alive else []
 
     def rss_bytes(self) -> int:
         """Resident memory of the engine's whole process group."""
-        return sum(_rss_bytes(p) for p in self.pids())
+        return sum(rss_bytes_of(p) for p in self.pids())
 
     def tokenizer(self) -> Optional[ModelTokenizer]:
         """A tokenizer for exact token-id prompts when the model is one of the tiny models."""
@@ -500,81 +318,15 @@ class EngineProcess:
                 "model_path": str(self.model_path) if self.model_path else None,
                 "command": [str(c) for c in self.command], "env": dict(self.env),
                 "startup_s": self.startup_s, "log_path": str(self.log_path) if self.log_path else None,
-                "settings": dict(self.settings)}
-
-
-# --- building each kind -----------------------------------------------------------------------
-
-def _vllm(port, model=None, served_model_name=DEFAULT_SERVED_NAME, max_num_seqs=16, max_model_len=2048,
-          dtype="bfloat16", scheduling_policy=None, kvcache_space_gib=1, omp_threads_bind="0-1",
-          return_token_ids=True, per_request_metrics=True, extra_args=(), env=None, python=None):
-    py = Path(python) if python else vllm_python()
-    if not py.exists():
-        raise EngineStartError(f"vllm: {py} is missing: run engines/setup_vllm.sh (or make engines)")
-    model = Path(model) if model else default_model("vllm")
-    if model is None:
-        raise EngineStartError("vllm: no model given and none in .engines/models (run engines/setup_models.sh)")
-    root = repo_root()
-    cmd = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--served-model-name", served_model_name, "--host", HOST, "--port", port,
-           "--dtype", dtype, "--max-num-seqs", max_num_seqs, "--max-model-len", max_model_len,
-           "--disable-uvicorn-access-log"]
-    if scheduling_policy:
-        cmd += ["--scheduling-policy", scheduling_policy]
-    if per_request_metrics:  # server-side TTFT/queue time per request, in the final usage chunk
-        cmd += ["--enable-per-request-metrics"]
-    cmd += list(extra_args)
-    # compile caches: project-local unless the caller's environment already names a folder (CI can
-    # keep them outside a fresh clone)
-    vcache = Path(os.environ.get("VLLM_CACHE_ROOT") or root / ".cache" / "vllm")
-    e = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": root / ".cache" / "huggingface",
-         "VLLM_CACHE_ROOT": vcache, "VLLM_CPU_OMP_THREADS_BIND": omp_threads_bind,
-         "VLLM_CPU_KVCACHE_SPACE": kvcache_space_gib, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-         "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or vcache / "inductor",
-         **(env or {})}
-    folder = model if (model / "tokenizer.json").exists() else None
-    settings = {"extra_body": {"return_token_ids": True} if return_token_ids else {},
-                "send_priority": scheduling_policy == "priority", "scheduling_policy": scheduling_policy or "fcfs",
-                "max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "dtype": dtype,
-                "tokenizer_folder": str(folder) if folder else None}
-    return cmd, e, served_model_name, model, settings
-
-
-def _llamacpp(port, model=None, alias=DEFAULT_SERVED_NAME, n_parallel=16, ctx_per_slot=2048, threads=2,
-              cache_prompt=False, extra_args=(), env=None, binary=None):
-    exe = Path(binary) if binary else llama_server_path()
-    if not exe.exists():
-        raise EngineStartError(f"llamacpp: {exe} is missing: run engines/setup_llamacpp.sh (or make engines)")
-    model = Path(model) if model else default_model("llamacpp")
-    if model is None:
-        raise EngineStartError("llamacpp: no model given and none in .engines/models (run engines/setup_models.sh)")
-    cmd = [exe, "-m", model, "--host", HOST, "--port", port, "-np", n_parallel,
-           "-c", int(n_parallel) * int(ctx_per_slot), "-t", threads, "--poll", 0, "--metrics",
-           "--no-webui", "--alias", alias, *extra_args]
-    folder = model.parent / model.stem if model.suffix == ".gguf" else None
-    settings = {"extra_body": {} if cache_prompt else {"cache_prompt": False},
-                "n_parallel": n_parallel, "ctx_per_slot": ctx_per_slot, "threads": threads,
-                "tokenizer_folder": str(folder) if folder and (folder / "tokenizer.json").exists() else None}
-    return cmd, dict(env or {}), alias, model, settings
-
-
-def _fairlib(port, command=None, model=None, env=None, **flags):
-    if command is None:  # fairlib serve (fairlib.cli): the engine model in real time, a test double
-        model = model or "fairlib-sim"
-        cmd = [sys.executable, "-m", "fairlib.cli", "serve", "--host", HOST, "--port", port,
-               "--model", model, *_flag_args(flags)]
-    else:  # a generic command: "{port}" and "{host}" are filled in
-        if flags:
-            raise ValueError(f"a generic command takes no flags (got {sorted(flags)}): put them in the command")
-        model = model or "default"
-        cmd = [str(c).format(port=port, host=HOST) for c in command]
-    return cmd, dict(env or {}), model, None, {}
+                "settings": dict(self.settings), "nice": self.nice, "sched_idle": self.sched_idle,
+                "cpus": sorted(self.cpus) if self.cpus else None,
+                "front_cpus": sorted(self.front_cpus) if self.front_cpus else None}
 
 
 def start_engine(kind: str, port: Optional[int] = None, *, startup_timeout_s: Optional[float] = None,
                  stop_timeout_s: float = 20.0, log_path=None, base_url: Optional[str] = None,
                  model: Optional[str] = None, health_path: str = "/health", nice: Optional[int] = None,
-                 sched_idle: Optional[bool] = None, **flags) -> EngineProcess:
+                 sched_idle: Optional[bool] = None, cpus=None, front_cpus=None, **flags) -> EngineProcess:
     """Start an engine and wait until it is healthy; use as ``with start_engine(...) as eng:``.
 
     ``kind``: ``"fairlib"`` (``python -m fairlib.cli serve``, the test double; ``flags`` become its
@@ -589,21 +341,26 @@ def start_engine(kind: str, port: Optional[int] = None, *, startup_timeout_s: Op
     ``port``: default a free one. ``nice``: steps below this process the engine runs at (default
     :data:`DEFAULT_NICE`: 10 for real engines, 0 for ``fairlib serve``; 0 to keep this process's
     priority). ``sched_idle``: run it under ``SCHED_IDLE`` (default :data:`DEFAULT_SCHED_IDLE`:
-    real engines yes). Returns the started ``EngineProcess`` (stopping it is the
+    real engines yes). ``cpus``: the CPU numbers the engine and every process it starts are confined
+    to (``fairlib.calibrate.processes.split_cpus`` gives one CPU for it and the rest for the caller);
+    default any. ``front_cpus``: once the engine is healthy, the CPUs of its first process only (vLLM:
+    the HTTP server, whose engine core and workers stay on ``cpus``). Returns the started ``EngineProcess`` (stopping it is the
     caller's: ``with``, ``.stop()``, or at interpreter exit at the latest).
     """
     if kind not in KINDS:
         raise ValueError(f"unknown engine kind {kind!r}: one of {KINDS}")
     timeout = DEFAULT_TIMEOUT_S[kind] if startup_timeout_s is None else float(startup_timeout_s)
+    cpus, front_cpus = check_cpus(cpus), check_cpus(front_cpus, "front_cpus")
     if kind == "external":
         if not base_url:
             raise ValueError("kind='external' needs base_url (the OpenAI base, e.g. http://host:8000/v1)")
-        if flags:
-            raise ValueError(f"kind='external' starts nothing: unexpected flags {sorted(flags)}")
+        if flags or cpus is not None or front_cpus is not None:
+            extra = sorted(flags) + [n for n, v in (("cpus", cpus), ("front_cpus", front_cpus)) if v is not None]
+            raise ValueError(f"kind='external' starts nothing: unexpected flags {extra}")
         eng = EngineProcess("external", base_url=base_url, model=model or "default",
                             health_path=health_path, startup_timeout_s=timeout)
         if model is None:
-            status, body = _http_get(eng.base_url.rstrip("/") + "/models")
+            status, body = http_get(str(eng.base_url).rstrip("/") + "/models")
             with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
                 eng.model = json.loads(body)["data"][0]["id"] if status == 200 else eng.model
         return eng.start()
@@ -611,18 +368,19 @@ def start_engine(kind: str, port: Optional[int] = None, *, startup_timeout_s: Op
     if kind == "vllm":
         if model is not None:
             flags.setdefault("model", model)
-        cmd, env, name, path, settings = _vllm(port, **flags)
+        cmd, env, name, path, settings = vllm_command(port, **flags)
     elif kind == "llamacpp":
         if model is not None:
             flags.setdefault("model", model)
-        cmd, env, name, path, settings = _llamacpp(port, **flags)
+        cmd, env, name, path, settings = llamacpp_command(port, **flags)
     else:
-        cmd, env, name, path, settings = _fairlib(port, model=model, **flags)
+        cmd, env, name, path, settings = fairlib_command(port, model=model, **flags)
     eng = EngineProcess(kind, command=[str(c) for c in cmd], env={k: str(v) for k, v in env.items()},
                         port=port, model=name, model_path=path, health_path=health_path,
                         startup_timeout_s=timeout, stop_timeout_s=stop_timeout_s, log_path=log_path,
                         settings=settings, nice=DEFAULT_NICE[kind] if nice is None else int(nice),
-                        sched_idle=DEFAULT_SCHED_IDLE[kind] if sched_idle is None else bool(sched_idle))
+                        sched_idle=DEFAULT_SCHED_IDLE[kind] if sched_idle is None else bool(sched_idle),
+                        cpus=cpus, front_cpus=front_cpus)
     return eng.start()
 
 

@@ -1,5 +1,5 @@
 """Probe a live OpenAI-compatible endpoint: fit the engine model's cost parameters and state its
-sustainable single-tenant capacity, saved as JSON the simulator loads (``load_engine``).
+sustainable single-tenant capacity, saved as JSON the simulator loads (``load_probed_engine``).
 
 What it measures (one tenant, streaming, exact output lengths as the client forces them):
 
@@ -34,9 +34,9 @@ parameters (tests/test_probe.py). Against a real engine the fit is only as good 
 model (``R^2`` says how good).
 
     from fairlib.client import EndpointConfig
-    from fairlib.calibrate.probe import probe, load_engine
+    from fairlib.calibrate.probe import probe, load_probed_engine
     result = probe(EndpointConfig(base_url="http://127.0.0.1:8000/v1", model="m"), out="probe.json")
-    engine = load_engine("probe.json")
+    engine = load_probed_engine("probe.json")
 """
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ import asyncio
 import json
 import threading
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
@@ -55,8 +56,9 @@ from fairlib.client.env import fetch_json
 from fairlib.client.runner import RunClock, make_session, send_request
 from fairlib.client.schedule import PlannedRequest, make_prompt
 from fairlib.sim.engine import Engine
+from fairlib.progress import progress_line
 
-__all__ = ["probe", "load_engine", "load_probe", "linear_fit", "decode_point", "PROBE_VERSION"]
+__all__ = ["probe", "load_probed_engine", "load_probe", "linear_fit", "decode_point", "PROBE_VERSION"]
 
 PROBE_VERSION = 1
 
@@ -79,8 +81,8 @@ def decode_point(records: Sequence[dict], B: int) -> dict:
     """The steady-window statistics of one batch of ``B`` simultaneous streams (records as the
     client writes them)."""
     ok = [r for r in records if r.get("error_class") == "none" and len(r.get("chunk_times_s") or []) >= 2]
-    errors = sorted({r.get("error_class") for r in records if r.get("error_class") != "none"})
-    point = {"B": int(B), "n_ok": len(ok), "errors": errors}
+    errors = sorted({str(r.get("error_class")) for r in records if r.get("error_class") != "none"})
+    point: dict = {"B": int(B), "n_ok": len(ok), "errors": errors}
     if len(ok) < B:
         point.update(concurrent=len(ok), n_gaps=0, dt_ms=None)
         return point
@@ -201,7 +203,7 @@ async def _probe_async(cfg, p) -> dict:
 
 
 def _max_model_len(info) -> Optional[int]:
-    body = (info.get("models") or {}).get("body")
+    body: dict = (info.get("models") or {}).get("body") or {}
     try:
         for m in body["data"]:
             if m.get("id") == info["model"] and isinstance(m.get("max_model_len"), int):
@@ -241,7 +243,7 @@ def probe(endpoint, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), decode
     batches = sorted({int(b) for b in batches})
     if not batches or batches[0] < 1 or decode_tokens < 8:
         raise ValueError("batches must be integers >= 1 and decode_tokens >= 8")
-    params = {"batches": batches, "decode_tokens": int(decode_tokens), "prompt_tokens": int(prompt_tokens),
+    params: dict = {"batches": batches, "decode_tokens": int(decode_tokens), "prompt_tokens": int(prompt_tokens),
               "prefill_lengths": [int(x) for x in prefill_lengths], "prefill_repeats": int(prefill_repeats),
               "prefill_output_tokens": int(prefill_output_tokens), "max_batch": max_batch, "warmup": int(warmup),
               "seed": int(seed)}
@@ -252,7 +254,7 @@ def probe(endpoint, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), decode
         params["prefill_lengths"] = keep or [max(1, limit // 4)]
     t0 = time.time()
     res = run_coroutine(_probe_async(endpoint, {**params, "tokenizer": tokenizer,
-                                       "log": print if verbose else (lambda *_: None)}))
+                                       "log": progress_line if verbose else (lambda *_: None)}))
     df, pf = res["decode_fit"], res["prefill_fit"]
     if df["slope"] is None:
         seen = "; ".join(f"B={q['B']}: {q['n_ok']}/{q['B']} ok" + (f" ({', '.join(q['errors'])})" if q["errors"] else "")
@@ -315,8 +317,9 @@ def load_probe(path) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def load_engine(path) -> Engine:
-    """The fitted ``Engine`` of a probe result (``path``: its JSON file, or the dict itself)."""
+def load_probed_engine(path) -> Engine:
+    """The fitted ``Engine`` of a probe result (``path``: its JSON file, or the dict itself): its
+    ``engine`` table (a saved fit has one too: ``fairlib.calibrate.fit.load_fitted_engine``)."""
     d = path if isinstance(path, dict) else load_probe(path)
     e = d.get("engine", d)
     fields = {k: e[k] for k in ("iter_base_ms", "iter_slope_ms", "prefill_ms_per_token", "max_batch",
@@ -324,3 +327,10 @@ def load_engine(path) -> Engine:
     if not {"iter_base_ms", "iter_slope_ms", "prefill_ms_per_token", "max_batch"} <= set(fields):
         raise ValueError(f"{path}: not a probe result (no complete 'engine' table)")
     return Engine(**fields)
+
+
+def load_engine(path) -> Engine:
+    """Deprecated name of :func:`load_probed_engine` (kept for code written against the old name)."""
+    warnings.warn("fairlib.calibrate.probe.load_engine is deprecated: use load_probed_engine",
+                  DeprecationWarning, stacklevel=2)
+    return load_probed_engine(path)

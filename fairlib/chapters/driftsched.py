@@ -1,18 +1,8 @@
 """Chapter 5: the DriftSched protocol on the engine model, with the estimator in the loop.
 
-The workload (:func:`protocol_requests`), as the paper's public code builds it
-(``../shared/reference/driftsched.md``), with the lengths this book states:
-
-- a calibration phase of ``n_cal`` = 1,000 requests, gaps uniform on [0.05, 0.15] s, categories
-  short_qa / summary / technical / report drawn 40/25/25/10 %; then a stress phase of ``n_stress``
-  = 2,000, gaps uniform on [0.005, 0.03] s, mix 10/20/40/30 %; tiers premium / standard / batch
-  drawn uniformly;
-- prompts of :data:`PROMPT_WORDS` words (uniform between the bounds, per category) and answers of
-  a lognormal number of tokens (:data:`OUTPUT_TOKENS`: median and sigma per category), cut at
-  ``max_tokens = T_base`` as the paper's engine cuts them (``cut`` marks them: right-censored);
-- words and tokens of every prompt and answer from one text per request and a real tokenizer
-  (``fairlib.chapters.tokens``: cl100k_base), so that the whitespace proxy and the tokenizer count
-  the same text.
+The workload is :func:`fairlib.chapters.driftsched_protocol.protocol_requests` (the paper's
+generator: its phases, prompts, answers cut at ``max_tokens = T_base`` and the drain between the
+phases; :data:`EARLIER`, the chapter's first version, beside it).
 
 :func:`run_protocol` sends it to the engine model under a policy with the estimator in the loop:
 at each arrival the estimate is made from what had finished by then (for a static-batch worker:
@@ -21,6 +11,9 @@ budget, ``input + T_est``), and every finish feeds the estimator back. Per reque
 estimates of the adaptive estimator that schedules and of a static one beside it (``B = 1``), both
 counted in the run's unit, and the latency the paper measures: arrival to finish, or to the end
 of the request's batch on a static-batch worker ("every request gets the batch's wall time").
+With a drain the stress phase starts ``drain_s`` after the generator, looking every ``poll_s``
+from its last calibration request, first sees the queue empty (no request waiting to be taken: a
+rejected one does not wait).
 """
 from __future__ import annotations
 
@@ -41,76 +34,44 @@ from fairlib.calibrate.lifecycle import nice_of, sched_of
 from fairlib.chapters import fidelity as fd
 from fairlib.chapters import gateway_live as gl
 from fairlib.chapters.gateway_live import full_batch_step, run_steps
-from fairlib.chapters.tokens import TextCounter
+from fairlib.chapters.driftsched_protocol import (EARLIER, OUTPUT_TOKENS, PAPER, PHASES, PROMPT_WORDS, Protocol,
+                                                  protocol_requests)
 from fairlib.client import build_schedule, run
-from fairlib.drift import CATEGORIES, T_BASE, TIERS, DriftEstimator
+from fairlib.drift import TIERS, DriftEstimator
 from fairlib.gateway import FAIRNESS_HEADERS, GatewayProcess
 from fairlib.records import load_run
 from fairlib.sim import loop
 from fairlib.sim.engine import Engine
 from fairlib.sim.online import OnlineEngine
-from fairlib.sim.state import ADMITTED, FINISH, RUNNING, STATUS
+from fairlib.sim import state
 
-__all__ = ["PHASES", "PROMPT_WORDS", "OUTPUT_TOKENS", "POLICIES", "ENGINES", "protocol_requests", "run_protocol",
+__all__ = ["PHASES", "PROMPT_WORDS", "OUTPUT_TOKENS", "Protocol", "PAPER", "EARLIER", "POLICIES", "ENGINES", "l4_engines", "protocol_requests", "run_protocol",
            "error_table", "latency_table", "tier_table", "kendall_tau", "LIVE_TENANTS", "LIVE_SCALE", "mean_cost_ms",
            "live_requests", "live_workload", "measure_live", "chapter_runs", "live_table", "saved_live", "save_live",
            "run_steps", "run_steps_engine", "step_table"]
 
-#: (name, requests, gap bounds in s, category mix in CATEGORIES' order)
-PHASES = (("calibration", 1000, (0.05, 0.15), (0.40, 0.25, 0.25, 0.10)),
-          ("stress", 2000, (0.005, 0.03), (0.10, 0.20, 0.40, 0.30)))
-#: prompt words per category: uniform between the two bounds (the book's choice)
-PROMPT_WORDS = {"short_qa": (8, 40), "summary": (150, 600), "technical": (40, 200), "report": (60, 250)}
-#: answer tokens per category: lognormal (median, sigma) before the cut at T_base (the book's choice:
-#: most answers end well inside the budget, a report often reaches it)
-OUTPUT_TOKENS = {"short_qa": (40, 0.5), "summary": (150, 0.5), "technical": (220, 0.5), "report": (380, 0.5)}
 #: the five schedulers of the paper, as the simulator's policies (tiers as classes 0/1/2)
-POLICIES = {"FIFO": ("fcfs", {}), "Priority": ("priority", {}), "Weighted 50/30/20": ("weighted", {"w": [5, 3, 2]}),
-            "SJF": ("sjf", {}), "Aging": ("aging", {"rate": 0.01})}
+POLICIES: dict[str, tuple[str, dict]] = {
+    "FIFO": ("fcfs", {}), "Priority": ("priority", {}), "Weighted 50/30/20": ("weighted", {"w": [5, 3, 2]}),
+    "SJF": ("sjf", {}), "Aging": ("aging", {"rate": 0.01})}
 
 
-def _engines() -> dict:
+def l4_engines(step_factor: float = 1.0) -> dict:
     """The paper's NVIDIA L4 serving Qwen1.5-1.8B in fp16, as the engine model sees it: a decode
     step is bound by reading the 3.6 GB of weights at the L4's 300 GB/s, 12 ms, plus 0.2 ms per
-    sequence; a prompt token costs 2 x 1.8e9 FLOPs, at half the L4's 121 dense fp16 TFLOPs (a
-    typical prefill utilisation) 0.06 ms; the worker's batches of 32 (static: DriftSched's) or
-    continuous batching of 32."""
-    base = Engine(12.0, 0.2, 0.06, max_batch=32)
+    sequence, both times ``step_factor`` (the paper's worker runs vLLM with ``enforce_eager``: no
+    CUDA graphs, every kernel launched from Python at every step); a prompt token costs 2 x 1.8e9
+    FLOPs, at half the L4's 121 dense fp16 TFLOPs (a typical prefill utilisation) 0.06 ms; the
+    worker's batches of 32 (static: DriftSched's) or continuous batching of 32."""
+    f = float(step_factor)
+    if not (math.isfinite(f) and f > 0):
+        raise ValueError(f"step_factor must be a finite number > 0, got {step_factor!r}")
+    base = Engine(12.0 * f, 0.2 * f, 0.06, max_batch=32)
     return {"static": replace(base, batching="static", fill_wait_ms=10.0), "continuous": base}
 
 
-ENGINES = _engines()
-
-
-def protocol_requests(seed: int, tokenizer=None, n_cal: Optional[int] = None, n_stress: Optional[int] = None) -> pd.DataFrame:
-    """The paper's 3,000 requests (the module's docstring), seeded; per request: arrival_ms,
-    phase, category, tier (0 premium, 1 standard, 2 batch), prompt words and tokens, the answer's
-    true tokens and words (after the cut) and whether it was cut. ``tokenizer``: a
-    ``fairlib.chapters.tokens.TextCounter`` (default the book's)."""
-    tc = tokenizer or TextCounter()
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 5005]))
-    rows, t = [], 0.0
-    for name, n, (g0, g1), mix in PHASES:
-        n = n if (name == "calibration" and n_cal is None) or (name == "stress" and n_stress is None) else \
-            (n_cal if name == "calibration" else n_stress)
-        gaps = rng.uniform(g0, g1, n)
-        cats = rng.choice(len(CATEGORIES), n, p=np.asarray(mix) / sum(mix))
-        tiers = rng.integers(0, len(TIERS), n)
-        for i in range(n):
-            t += gaps[i] * 1e3
-            c = CATEGORIES[cats[i]]
-            lo, hi = PROMPT_WORDS[c]
-            pw = int(rng.integers(lo, hi + 1))
-            med, sig = OUTPUT_TOKENS[c]
-            true = max(1, int(round(rng.lognormal(math.log(med), sig))))
-            rows.append({"arrival_ms": t, "phase": name, "category": c, "tier": int(tiers[i]),
-                         "prompt_words_target": pw, "true_tokens": true})
-    df = pd.DataFrame(rows)
-    counts = tc.count_requests(df["category"].tolist(), df["prompt_words_target"].tolist(),
-                               np.minimum(df["true_tokens"], [T_BASE[c] for c in df["category"]]).tolist(), seed)
-    df["prompt_words"], df["prompt_tokens"], df["output_tokens"], df["output_words"] = counts
-    df["cut"] = df["true_tokens"] >= df["category"].map(T_BASE)
-    return df.drop(columns=["prompt_words_target"])
+#: the L4 engines at the step the card's bandwidth gives (step_factor 1)
+ENGINES = l4_engines()
 
 
 def run_protocol(requests: pd.DataFrame, engine: Engine, policy: str, params: Optional[dict] = None, *,
@@ -122,7 +83,8 @@ def run_protocol(requests: pd.DataFrame, engine: Engine, policy: str, params: Op
     of the estimate (the estimates are still made and recorded). ``sjf_key``: what SJF orders by,
     ``"tokens"`` (the estimated total budget, prompt + answer, the paper's) or ``"machine"`` (the
     estimated machine time on this engine, ``prefill * prompt_tokens + answer * per_seq(max_batch)``
-    in microseconds: chapter 1's residency). Returns the requests with ``est`` (the adaptive
+    in microseconds: chapter 1's residency). Returns the requests with ``arrival_ms`` as sent (a
+    drained protocol's stress phase moved to its start), ``est`` (the adaptive
     estimate, in the run's unit), ``est_static``, ``actual`` (the answer in the run's unit),
     ``admitted_ms``, ``finish_ms``, ``e2e_s`` (arrival to finish, or to the end of the request's
     batch on a static-batch worker) and ``bias`` (the factor its estimate used)."""
@@ -150,25 +112,37 @@ def run_protocol(requests: pd.DataFrame, engine: Engine, policy: str, params: Op
         """Every answer whose result was back by ``upto_ms`` to the estimator, in that order."""
         S = eng.S
         k = eng.n_requests
-        done = (S.RI[STATUS, :k] != RUNNING) & ~np.isnan(S.RF[FINISH, :k]) & ~fed[:k]
+        done = (S.RI[state.STATUS, :k] != state.RUNNING) & ~np.isnan(S.RF[state.FINISH, :k]) & ~fed[:k]
         if not done.any():
             return
-        back = S.RF[FINISH, :k].copy()
+        back = S.RF[state.FINISH, :k].copy()
         if static_mode:              # a batch's results return when its last request finishes
-            adm = S.RF[ADMITTED, :k]
+            adm = S.RF[state.ADMITTED, :k]
             for a in np.unique(adm[done]):
                 members = adm == a
-                if np.isnan(S.RF[FINISH, :k][members]).any():
+                if np.isnan(S.RF[state.FINISH, :k][members]).any():
                     done &= ~members            # its batch still runs
                 else:
-                    back[members] = S.RF[FINISH, :k][members].max()
+                    back[members] = S.RF[state.FINISH, :k][members].max()
         ids = np.flatnonzero(done & (back <= upto_ms))
         for r in ids[np.lexsort((ids, back[ids]))]:
             est.observe(cats[r], TIERS[tiers[r]], float(act[r]))
             fed[r] = True
 
-    pid, arr = eng.policy.pid, requests["arrival_ms"].to_numpy(float)
+    pid, arr = eng.policy.pid, requests["arrival_ms"].to_numpy(float, copy=True)
+    drain_ms, poll_ms = _drain_of(requests)
+    stress = np.flatnonzero(requests["phase"].to_numpy() == "stress") if "phase" in requests else np.array([], int)
     for r in range(n):
+        if drain_ms is not None and len(stress) and r == stress[0] and r > 0:
+            t = float(arr[r - 1])             # the generator looks at the queue after its last request
+            while True:
+                loop.run(eng.S, eng.E, pid, eng.pf, eng.pi, t)
+                st = eng.S.RI[state.STATUS, :eng.n_requests]
+                if not np.isin(st, (state.UNDELIVERED, state.WAITING, state.HELD)).any():
+                    break                     # nothing queued (taken, rejected or withdrawn): empty
+                t += poll_ms
+            gaps = requests["gap_ms"].to_numpy(float)[r:]
+            arr[r:] = t + drain_ms + np.cumsum(gaps)
         loop.run(eng.S, eng.E, pid, eng.pf, eng.pi, float(arr[r]))
         feedback(float(arr[r]))
         tier = TIERS[tiers[r]]
@@ -188,17 +162,30 @@ def run_protocol(requests: pd.DataFrame, engine: Engine, policy: str, params: Op
     loop.run(eng.S, eng.E, pid, eng.pf, eng.pi, math.inf)
     S = eng.S
     out = requests.copy()
+    out["arrival_ms"] = arr
     out["est"], out["est_static"], out["actual"], out["bias"] = est_a, est_s, act, bias
-    out["admitted_ms"] = S.RF[ADMITTED, :n]
-    fin = S.RF[FINISH, :n].copy()
+    out["admitted_ms"] = S.RF[state.ADMITTED, :n]
+    fin = S.RF[state.FINISH, :n].copy()
     if static_mode:
-        adm = S.RF[ADMITTED, :n]
+        adm = S.RF[state.ADMITTED, :n]
         ends = pd.Series(fin).groupby(adm).transform("max").to_numpy()
         fin = ends
     out["finish_ms"] = fin
     out["e2e_s"] = (fin - arr) / 1e3
     out["policy"] = policy
     return out
+
+
+def _drain_of(requests: pd.DataFrame) -> tuple:
+    """``(drain_ms, poll_ms)`` of a protocol's requests (``drain_s`` and ``poll_s`` columns), or
+    ``(None, None)`` for phases back to back."""
+    if "drain_s" not in requests or requests["drain_s"].isna().all():
+        return None, None
+    d = requests["drain_s"].dropna().unique()
+    p = requests["poll_s"].dropna().unique() if "poll_s" in requests else np.array([2.0])
+    if len(d) != 1 or len(p) != 1 or "gap_ms" not in requests:
+        raise ValueError("a drained protocol's requests need one drain_s, one poll_s and gap_ms per request")
+    return 1e3 * float(d[0]), 1e3 * float(p[0])
 
 
 def error_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -245,13 +232,17 @@ def mean_cost_ms(requests: pd.DataFrame, engine: Engine) -> float:
                  + requests["output_tokens"].mean() * engine.per_seq_ms(engine.max_batch))
 
 
-def live_requests(seed: int, live_engine: Engine, scale: float = LIVE_SCALE) -> tuple:
+def live_requests(seed: int, live_engine: Engine, scale: float = LIVE_SCALE, protocol: Protocol = EARLIER) -> tuple:
     """``(requests, stretch)``: the protocol with ``scale`` times its requests in each phase, its
     arrivals stretched by ``stretch = cost on live_engine / cost on the continuous L4 model`` (the
-    live engine sees the load, relative to its capacity, that the L4 model sees)."""
+    live engine sees the load, relative to its capacity, that the L4 model sees). Live, the client
+    sends one schedule: the chapter's first protocol (:data:`EARLIER`), whose phases run back to
+    back, is what the saved live runs measured."""
+    if protocol.drain_s is not None:
+        raise ValueError(f"a live run sends one schedule: protocol {protocol.name!r} drains between its phases")
     n_cal = max(1, int(round(PHASES[0][1] * scale)))
     n_stress = max(1, int(round(PHASES[1][1] * scale)))
-    req = protocol_requests(seed, n_cal=n_cal, n_stress=n_stress)
+    req = protocol_requests(seed, n_cal=n_cal, n_stress=n_stress, protocol=protocol)
     stretch = mean_cost_ms(req, live_engine) / mean_cost_ms(req, ENGINES["continuous"])
     return req.assign(arrival_ms=req["arrival_ms"] * stretch), stretch
 
@@ -281,7 +272,8 @@ def measure_live(endpoint: str, kind: str, fit_path, *, policies: Sequence[str] 
     tenants.write_text("".join(f'[[tenant]]\nname = "{t["name"]}"\nklass = {t["klass"]}\npriority = {t["priority"]}\n'
                                f'tier = "{t["tier"]}"\n' for t in LIVE_TENANTS["tenant"]))
     args = ["--upstream", endpoint.rstrip("/"), "--cost-model", str(fit_path), "--max-inflight",
-            str(int(fit["engine"]["max_batch"])), "--tenants", str(tenants), "--estimator", counting]
+            str(int(fit["engine"]["max_batch"])), "--tenants", str(tenants), "--estimator", counting,
+            "--events", "--access-log", "off", "--tenant-max-share", "1"]   # the run's steps: the event log
     out = []
     with GatewayProcess(args) as gw:
         for label in policies:
@@ -295,7 +287,8 @@ def measure_live(endpoint: str, kind: str, fit_path, *, policies: Sequence[str] 
                 more = {"engine_kind": kind, "fit": {"file": fit_label or str(fit_path), "date": fit.get("date")},
                         "sim_engine": live_engine.to_dict(), "loadavg_1m": fd.loadavg(),
                         "driftsched": {"label": label, "policy": pol, "params": params, "counting": counting,
-                                       "seed": int(s), "scale": scale, "stretch": stretch}, **(extra or {})}
+                                       "seed": int(s), "scale": scale, "stretch": stretch,
+                                       "protocol": EARLIER.name}, **(extra or {})}
                 c = replace(cfg, base_url=gw.base_url, tenant_header=FAIRNESS_HEADERS[0])
                 run(sched, c, rd, config_extra=more, overwrite=True, scrape_metrics=False)
                 gl.wait_idle(gw, 600)
@@ -355,6 +348,8 @@ def live_table(runs: Sequence) -> pd.DataFrame:
     rows = []
     for r in runs:
         d = r.extra["driftsched"]
+        if d.get("protocol", EARLIER.name) != EARLIER.name:      # runs before the key: the first protocol
+            raise ValueError(f"live run {r.path}: protocol {d['protocol']!r}, live runs are {EARLIER.name!r}")
         req, _ = live_requests(d["seed"], Engine(**r.extra["sim_engine"]), d["scale"])
         sim = run_protocol(req, Engine(**r.extra["sim_engine"]), d["policy"], d["params"], counting=d["counting"])
         sim_steps = run_protocol(req, run_steps_engine(r), d["policy"], d["params"], counting=d["counting"])
@@ -362,7 +357,7 @@ def live_table(runs: Sequence) -> pd.DataFrame:
         e2e = (rec["end_s"] - rec["actual_send_s"]).astype(float).to_numpy()
         ok = (rec["error_class"] == "none").to_numpy()
         st = json.loads((Path(r.path) / "gateway.json").read_text())
-        for src, lat, bias in (("measured", e2e, (st.get("estimator") or {}).get("bias", {})),
+        for src, lat, _bias in (("measured", e2e, (st.get("estimator") or {}).get("bias", {})),
                                ("simulated", sim["e2e_s"].to_numpy(), None),
                                ("simulated, the run's steps", sim_steps["e2e_s"].to_numpy(), None)):
             row = {"policy": d["label"], "seed": d["seed"], "source": src, "valid": bool(r.summary.get("valid")),
@@ -382,8 +377,10 @@ def chapter_runs(backend: str, *, engine_kind: str = "vllm", endpoint: Optional[
     (``fairlib.calibrate.fit.fit_for_endpoint`` refuses one made for another engine or machine)."""
     if backend != "http":
         return saved_live(engine_kind)
+    if not endpoint:
+        raise ValueError("backend='http' needs endpoint (the OpenAI base URL of the engine, e.g. http://127.0.0.1:8000/v1)")
     fitmod.fit_for_endpoint(fit_file, endpoint, engine_kind, model)
-    return measure_live(endpoint, engine_kind, fit_file or fitmod.data_path(engine_kind), policies=policies,
+    return measure_live(endpoint, engine_kind, fit_file or fitmod.fit_data_path(engine_kind), policies=policies,
                         seeds=seeds, scale=scale, runs_dir=runs_dir, model=model, log=log)
 
 

@@ -16,7 +16,7 @@ from fairlib.chapters import grid
 from fairlib.sim.engine import SEED000_ENGINE
 from fairlib.sim.simulate import simulate
 from fairlib.traces import KINDS, SERVICES, load_azure_trace, trace_lengths
-from fairlib.workload import Constant, Empirical, Scenario, Tenant
+from fairlib.workload import Constant, Empirical, Scenario, TenantSpec
 
 __all__ = ["policy_runs", "share_summary", "component_split", "grid_slice", "first_crossing", "azure_scenario",
            "counter_shares", "batch_summary", "window_shares"]
@@ -234,11 +234,11 @@ def azure_scenario(machine_ms_per_s: float = 750.0, duration_s: float = 120.0,
             prompt, output = Empirical(df["prompt_tokens"].to_numpy()), Empirical(df["output_tokens"].to_numpy())
         if prompt_tokens is not None:
             prompt = Constant(prompt_tokens)
-        tenants.append(Tenant(kind, output=output, prompt=prompt, machine_ms_per_s=machine_ms_per_s))
+        tenants.append(TenantSpec(kind, output=output, prompt=prompt, machine_ms_per_s=machine_ms_per_s))
     source = "the committed quantile table" if trace_dir is None else f"the raw trace in {trace_dir}"
     desc = (f"Azure LLM inference trace 2023 ({', '.join(SERVICES[k] for k in KINDS)}) from {source}; "
             f"{machine_ms_per_s:g} ms/s each" + ("" if prompt_tokens is None else f"; prompts {prompt_tokens}"))
-    return Scenario(tenants, engine=engine, duration_s=duration_s, name="azure2023", description=desc, seed=seed)
+    return Scenario(tuple(tenants), engine=engine, duration_s=duration_s, name="azure2023", description=desc, seed=seed)
 
 
 def counter_shares(engine, prompt_tokens, output_tokens, wp: float = 1.0, wq: float = 2.0, batch=None) -> np.ndarray:

@@ -14,6 +14,7 @@ import pandas as pd
 
 from fairlib.analysis.charts import dot_chart
 from fairlib.analysis.common import QS
+from fairlib.kinds import REAL_ENGINES
 from fairlib.analysis.run import RunAnalysis, analyze_run, tenant_latency, tenant_table, victim_table
 from fairlib.paths import data_path
 from fairlib.records import Run, load_run
@@ -28,7 +29,7 @@ __all__ = ["LIVE_ENGINES", "SOURCES", "saved_live_runs", "engine_of", "analyze_p
 # --- chapter 7: latency percentiles, victims, saved live runs next to the simulator -------------
 #: The engines whose live runs the book keeps under ``data/runs/<engine>`` (chapter 7 shows them
 #: first, chapter 8 measures their fidelity), in the order the chapters show them.
-LIVE_ENGINES = ("vllm", "llamacpp")
+LIVE_ENGINES = REAL_ENGINES
 
 
 #: A measured run and its simulation (the same schedule in the engine model).

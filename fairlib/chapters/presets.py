@@ -14,7 +14,7 @@ import numpy as np
 
 from fairlib.scenarios import SCENARIO_DIR, load
 from fairlib.sim.engine import SEED000_ENGINE, Engine
-from fairlib.workload import Constant, Geometric, LogNormal, Poisson, Scenario, Tenant
+from fairlib.workload import Constant, Geometric, LogNormal, Poisson, Scenario, TenantSpec
 
 __all__ = ["seed000", "read_seed000", "Seed000", "SEED000", "SEED000_TENANTS", "SEED000_OUTPUT_MEANS",
            "SEED000_PROMPT_TOKENS", "SEED000_MACHINE_MS_PER_S", "SEED000_DURATION_S", "SEED000_OUTPUT_DISTS",
@@ -53,7 +53,9 @@ def read_seed000(path: Union[str, Path] = SCENARIO_DIR / "seed000.toml") -> Seed
     ms = {1000.0 * spec.rho * spec.shares[t.name] for t in ts}
     if len(ms) != 1:
         bad(f"the tenants must have equal shares, got {dict(spec.shares)}")
-    return Seed000(spec.tenant_names, ts[0].prompt.value, tuple(t.output.mean for t in ts), ms.pop(),
+    prompt = ts[0].prompt
+    assert isinstance(prompt, Constant)   # checked above: every tenant has the same constant prompt
+    return Seed000(spec.tenant_names, prompt.value, tuple(t.output.mean for t in ts), ms.pop(),
                    spec.engine, spec.duration_s)
 
 
@@ -123,7 +125,7 @@ def seed000(seed: int = 0, duration_s: float = SEED000_DURATION_S, output_dist: 
     spread : ratio of the longest to the shortest mean output; the means are rescaled
         geometrically (:func:`spread_means`: order and geometric mean kept) and each tenant still
         offers 750 ms/s (rates recomputed). ``None`` keeps the published means.
-    est_output : passed to every :class:`Tenant` (``None``/"mean" or "oracle").
+    est_output : passed to every :class:`TenantSpec` (``None``/"mean" or "oracle").
     prompt_tokens : every tenant's prompt length (default the seed's 387); each tenant still
         offers 750 ms/s, so its request rate follows the longer or shorter prompt.
     """
@@ -155,7 +157,7 @@ def seed000(seed: int = 0, duration_s: float = SEED000_DURATION_S, output_dist: 
         return Constant(max(1, int(math.floor(mean + 0.5))))
 
     tenants = [
-        Tenant(name, output=dist(m), prompt=Constant(prompt_tokens),
+        TenantSpec(name, output=dist(m), prompt=Constant(prompt_tokens),
                machine_ms_per_s=SEED000_MACHINE_MS_PER_S * (flood if i == fi else 1.0),
                est_output=est_output)
         for i, (name, m) in enumerate(zip(SEED000_TENANTS, means))
@@ -163,7 +165,7 @@ def seed000(seed: int = 0, duration_s: float = SEED000_DURATION_S, output_dist: 
     desc = (f"seed 000: four tenants, prompts 387, {output_dist} outputs with means "
             + ", ".join(f"{m:.1f}" for m in means)
             + "; 750 ms/s each" + (f", {SEED000_TENANTS[fi]} x{flood:g}" if flood != 1 else ""))
-    return Scenario(tenants, engine=engine, duration_s=duration_s, name="seed000", description=desc, seed=seed)
+    return Scenario(tuple(tenants), engine=engine, duration_s=duration_s, name="seed000", description=desc, seed=seed)
 
 
 def rpm_capacity_per_tenant(scenario: Scenario, batch: Optional[int] = None) -> float:

@@ -23,11 +23,12 @@ from typing import Optional, Sequence
 import pandas as pd
 
 from fairlib import analysis as an
-from fairlib.backend import run_scenario
+from fairlib.backend import HttpOptions, SimOptions, run_scenario
 from fairlib.calibrate import fit as fitmod
 from fairlib.chapters import fidelity as fd
 from fairlib.client.endpoint import server_root
 from fairlib.client.env import fetch_json
+from fairlib.kinds import EngineKind
 from fairlib.records import Run
 from fairlib.scenarios import ScenarioSpec, available, load
 
@@ -92,7 +93,7 @@ def endpoint_specs(names: Optional[Sequence[str]], endpoint: str, *, duration_s:
             + fitmod.fit_command(base, kind=engine_kind, model=model))
     names = list(available() if names is None else names)
     ident = fitmod.server_identity(base, model)
-    if fit_file is None and ident["kind"] == "fairlib" and engine_kind in (None, "fairlib"):
+    if fit_file is None and ident["kind"] == EngineKind.FAIRLIB and engine_kind in (None, EngineKind.FAIRLIB):
         eng = _served_engine(base)
         if eng is not None:
             specs = load_scenarios(names, duration_s, capacity={"engine": eng})
@@ -100,7 +101,7 @@ def endpoint_specs(names: Optional[Sequence[str]], endpoint: str, *, duration_s:
                            "date": None}
     fit = fitmod.fit_for_endpoint(fit_file, base, engine_kind, model)
     specs = [fd.scenario_spec(fit, n, duration_s)[0] for n in names]
-    path = fit_file or fitmod.data_path(fit.get("engine_kind") or engine_kind or ident["kind"])
+    path = fit_file or fitmod.fit_data_path(fit.get("engine_kind") or engine_kind or ident["kind"])
     return specs, {"file": str(path), "date": fit.get("date"), "source": "fit_file"}
 
 
@@ -127,6 +128,8 @@ def run_all(specs: Sequence[ScenarioSpec], seeds: Sequence[int], backend: str = 
     """Every scenario x seed (``fairlib.backend.run_scenario``); on ``sim`` also each scenario under the extra
     policies ``extra_policies[name]`` (a list of policy names). Run directories go to
     ``runs_dir/<scenario>/<policy>/seed<k>`` (``http``: required)."""
+    if backend == "http" and runs_dir is None:
+        raise ValueError("run_all: backend='http' needs runs_dir (the measured runs are written as they go)")
     runs = []
     for spec in specs:
         pols = [None]
@@ -134,11 +137,13 @@ def run_all(specs: Sequence[ScenarioSpec], seeds: Sequence[int], backend: str = 
             pols += list(extra_policies[spec.name])
         for pol in pols:
             for seed in seeds:
-                rd = None
+                rd: Optional[Path] = None
                 if runs_dir is not None:
                     tag = pol or (spec.policy if backend == "sim" else label(kw.get("server_policy")))
                     rd = Path(runs_dir) / spec.name / tag / f"seed{seed}"
-                runs.append(run_scenario(spec, seed, backend, policy=pol, run_dir=rd, **kw))
+                opts = (SimOptions(policy=pol, run_dir=rd, **kw) if backend == "sim" or rd is None
+                        else HttpOptions(run_dir=rd, **kw))
+                runs.append(run_scenario(spec, seed, opts))
     return runs
 
 
@@ -184,7 +189,7 @@ def fairness_overview(results: dict) -> pd.DataFrame:
 def validity_overview(results: dict) -> pd.DataFrame:
     """Every run's validity: schedule lag, requested vs achieved rate, errors."""
     parts = []
-    for (name, pol), analyses in results.items():
+    for (_name, pol), analyses in results.items():
         v = an.validity_table(analyses)
         v.insert(1, "policy", pol)
         parts.append(v)
@@ -196,8 +201,8 @@ def validity_overview(results: dict) -> pd.DataFrame:
 def victim_overview(results: dict, n_boot: int = 500) -> Optional[pd.DataFrame]:
     """Victim degradation for every scenario that names a victim and whose baseline ran."""
     parts = []
-    by_name = {}
-    for (name, pol), analyses in results.items():
+    by_name: dict = {}
+    for (name, _pol), analyses in results.items():
         by_name.setdefault(name, []).extend(a.run for a in analyses)
     for (name, pol), analyses in results.items():
         scen = analyses[0].run.scenario

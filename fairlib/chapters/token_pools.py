@@ -9,7 +9,8 @@ Workloads: per tenant, Poisson arrivals at the rate that makes its offered machi
 (machine-ms per ms; chapter 1's unit: ``rate_i = rho_i / c̄_i`` with ``c̄_i = p P̄_i + u Ō_i`` the
 machine time of its mean request at the full batch), prompts and outputs lognormal (sigma 0.6 and
 0.8) around the tenant's means, outputs cut at ``max_tokens``. The reservation uses the tenant's
-mean output (what chapter 5's corrected estimator converges to) or ``max_tokens``.
+true mean output (an oracle of the mean: no gateway knows it), chapter 5's estimator at its fixed
+point (:func:`drift_estimate`) or ``max_tokens``.
 """
 from __future__ import annotations
 
@@ -20,14 +21,14 @@ import numpy as np
 import pandas as pd
 
 import fairlib
-from fairlib.drift import lognormal_capped_mean
+from fairlib.drift import CLAMP, S_TENANT, f_input, lognormal_capped_mean
 from fairlib.pools import decode_price_ms, pool_params
 from fairlib.sim.cluster import simulate_gateway
 from fairlib.sim.engine import SEED000_ENGINE, Engine
 from fairlib.sim.limiters import CountAfterResponse
 
-__all__ = ["TenantLoad", "workload", "SPOT_FLOOD", "CAPACITY_LOSS", "flood_run", "flood_runs", "flood_table",
-           "loss_run", "loss_runs", "loss_phase_table", "loss_series", "SEEDS", "BURSTY", "STEADY", "OVERSHOOT_K",
+__all__ = ["TenantLoad", "workload", "SPOT_FLOOD", "CAPACITY_LOSS", "CLASS_TIER", "drift_estimate", "flood_run", "flood_runs", "flood_table",
+           "by_class", "loss_run", "loss_runs", "loss_phase_table", "loss_series", "SEEDS", "BURSTY", "STEADY", "OVERSHOOT_K",
            "OVERSHOOT_VARIANTS", "overshoot_workload", "overshoot_run", "overshoot_table"]
 
 SEEDS = (0, 1, 2)
@@ -54,12 +55,29 @@ class TenantLoad:
         return engine.prefill_ms_per_token * self.prompt + decode_price_ms(engine) * self.mean_output
 
 
+#: chapter 5's tiers for the pool's classes (the estimator's safety factor S per tier)
+CLASS_TIER = {"guaranteed": "premium", "elastic": "standard", "spot": "batch"}
+RESERVES = ("estimate", "drift", "max_tokens")
+
+
+def drift_estimate(tl: "TenantLoad", prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
+    """Chapter 5's estimate (``fairlib.drift``) at its fixed point for one tenant's requests:
+    ``T = int(T_base B* S[tier] F_input(P))`` with ``T_base`` = the tenant's ``max_tokens``, the
+    tier of its class (:data:`CLASS_TIER`) and ``B* = mean(clamp(O / T_base, 0.25, 3))`` over its
+    answers: the value the moving average settles at once it has seen them."""
+    b = float(np.clip(np.asarray(output_tokens, float) / tl.max_tokens, *CLAMP).mean()) if len(output_tokens) else 1.0
+    s = S_TENANT[CLASS_TIER[tl.klass]]
+    f = np.array([f_input(p) for p in prompt_tokens], float)
+    return np.maximum(1, (tl.max_tokens * b * s * f).astype(np.int64))
+
+
 def workload(tenants: Sequence[TenantLoad], engine: Engine, duration_s: float, seed: int,
              reserve: str = "estimate", rho_scale: Optional[dict] = None) -> pd.DataFrame:
     """The request table (arrival order): tenant, prompt, output, ``est_output_tokens`` (the
-    tenant's mean output, or max_tokens with ``reserve="max_tokens"``)."""
-    if reserve not in ("estimate", "max_tokens"):
-        raise ValueError(f"reserve must be 'estimate' or 'max_tokens', got {reserve!r}")
+    tenant's mean output; with ``reserve="drift"`` chapter 5's estimate at its fixed point,
+    :func:`drift_estimate`; with ``reserve="max_tokens"`` its max_tokens)."""
+    if reserve not in RESERVES:
+        raise ValueError(f"reserve must be one of {', '.join(RESERVES)}, got {reserve!r}")
     rng = np.random.default_rng(np.random.SeedSequence([seed, 6]))
     parts = []
     for j, tl in enumerate(tenants):
@@ -69,9 +87,15 @@ def workload(tenants: Sequence[TenantLoad], engine: Engine, duration_s: float, s
         p = np.maximum(1, np.round(rng.lognormal(tl.mu(tl.prompt, PROMPT_SIGMA), PROMPT_SIGMA, n))).astype(np.int64)
         o = np.clip(np.round(rng.lognormal(tl.mu(tl.output, OUTPUT_SIGMA), OUTPUT_SIGMA, n)), 1,
                     tl.max_tokens).astype(np.int64)
-        est = round(tl.mean_output) if reserve == "estimate" else tl.max_tokens
+        est: "np.ndarray | np.int64"
+        if reserve == "estimate":
+            est = np.int64(round(tl.mean_output))
+        elif reserve == "drift":
+            est = drift_estimate(tl, p, o)
+        else:
+            est = np.int64(tl.max_tokens)
         parts.append(pd.DataFrame({"arrival_ms": t, "tenant": j, "prompt_tokens": p, "output_tokens": o,
-                                   "est_output_tokens": np.int64(est)}))
+                                   "est_output_tokens": est}))
     df = pd.concat(parts, ignore_index=True).sort_values(["arrival_ms", "tenant"], kind="stable")
     return df.reset_index(drop=True)
 
@@ -84,7 +108,8 @@ SPOT_FLOOD = (
     TenantLoad("flood", "spot", 0.0, 60000.0, 300, 300, 1024, 1.2),
 )
 FLOOD_DURATION_S = 300.0
-FLOOD_POLICIES = ("no admission (FCFS)", "pool, estimate", "pool, max_tokens")
+FLOOD_POLICIES = ("no admission (FCFS)", "pool, mean answer (oracle)", "pool, chapter 5's estimate",
+                  "pool, max_tokens")
 
 
 def _pool(tenants, engine, replicas=1, **kw) -> dict:
@@ -99,7 +124,8 @@ def flood_run(seed: int, variant: str, engine: Engine = SEED000_ENGINE, tenants=
     :func:`served_work_ms`)."""
     if variant not in FLOOD_POLICIES:
         raise ValueError(f"variant must be one of {', '.join(FLOOD_POLICIES)}, got {variant!r}")
-    reserve = "max_tokens" if variant.endswith("max_tokens") else "estimate"
+    reserve = ("max_tokens" if variant.endswith("max_tokens") else "drift" if "chapter 5" in variant
+               else "estimate")
     df = workload(tenants, engine, duration_s, seed, reserve)
     names = [t.name for t in tenants]
     if variant.startswith("no admission"):
@@ -117,7 +143,7 @@ def flood_run(seed: int, variant: str, engine: Engine = SEED000_ENGINE, tenants=
             "served_work_ms": served_work_ms(engine, prompt, decode), "params": params}
 
 
-def served_work_ms(engine: Engine, prompt_tokens: int, output_tokens: int) -> float:
+def served_work_ms(engine: Engine, prompt_tokens: float, output_tokens: float) -> float:
     """What was served, priced at the replica's full-batch rates: p P + u(max_batch) O machine-ms
     (the machine time those tokens take when the batch is full; a mix of more prompt per answer
     is not less work)."""
@@ -159,6 +185,16 @@ def flood_table(runs: Sequence[dict], tenants=SPOT_FLOOD) -> pd.DataFrame:
     mean.attrs["sd"] = sd
     mean.attrs["per_seed"] = per
     return mean
+
+
+def by_class(table: pd.DataFrame) -> pd.DataFrame:
+    """A flood table (:func:`flood_table`, or the live one) with one column group per class:
+    ``guaranteed p99 TTFT (s)`` -> (``guaranteed``, ``p99 TTFT (s)``); other columns under ``all``."""
+    classes = ("guaranteed", "elastic", "spot")
+    cols = [tuple(c.split(" ", 1)) if c.split(" ", 1)[0] in classes else ("all", c) for c in table.columns]
+    out = table.copy()
+    out.columns = pd.MultiIndex.from_tuples(cols)
+    return out
 
 
 # --- experiment 2: capacity loss ---------------------------------------------------------------

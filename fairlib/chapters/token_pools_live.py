@@ -40,7 +40,7 @@ import time
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -55,6 +55,7 @@ from fairlib.client import run as client_run
 from fairlib.client.env import fetch_json
 from fairlib.client.schedule import build_schedule
 from fairlib.gateway import FAIRNESS_HEADERS, GatewayProcess
+from fairlib.kinds import FIT_KINDS, EngineKind
 from fairlib.pools import kv_capacity_from_metrics
 from fairlib.records import load_run
 from fairlib.sim.cluster import simulate_gateway
@@ -89,7 +90,7 @@ LIVE_LOSS = (
 LOSS_DOWN_S, LOSS_UP_S, LOSS_END_S = 25.0, 55.0, 90.0
 #: per experiment: its tenants, load window (s), the replica events (s into the run), and the
 #: variants: (policy, params, what the reservation uses)
-EXPERIMENTS = {
+EXPERIMENTS: dict[str, dict[str, Any]] = {
     "flood": {"tenants": LIVE_FLOOD, "duration_s": FLOOD_S, "events": (),
               "variants": {"fcfs": ("fcfs", {}, "estimate"),
                            "pool_estimate": ("token_pool", {}, "estimate"),
@@ -99,7 +100,7 @@ EXPERIMENTS = {
              "variants": {"fcfs": ("fcfs", {}, "estimate"),
                           "pool": ("token_pool", {"debt_weight": 0.25}, "estimate")}},
 }
-VARIANT_LABELS = {"fcfs": "no admission (FCFS)", "pool_estimate": "pool, estimate",
+VARIANT_LABELS = {"fcfs": "no admission (FCFS)", "pool_estimate": "pool, mean answer (oracle)",
                   "pool_max_tokens": "pool, max_tokens", "pool": "pool"}
 
 
@@ -178,8 +179,8 @@ def measure(endpoints: Sequence[str], kind: str, fit_path, *, experiments: Seque
     unknown = [x for x in experiments if x not in EXPERIMENTS]
     if unknown:
         raise ValueError(f"experiments: unknown {unknown}; allowed: {', '.join(EXPERIMENTS)}")
-    if kind not in fitmod.KINDS:
-        raise ValueError(f"kind must be one of {', '.join(fitmod.KINDS)}, got {kind!r}")
+    if kind not in FIT_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(FIT_KINDS)}, got {kind!r}")
     for exp, keys in (variants or {}).items():
         if exp not in EXPERIMENTS:
             raise ValueError(f"variants: unknown experiment {exp!r}; allowed: {', '.join(EXPERIMENTS)}")
@@ -202,7 +203,7 @@ def measure(endpoints: Sequence[str], kind: str, fit_path, *, experiments: Seque
         tfile.write_text(tenants_toml(e["tenants"]))
         args = [a for u in endpoints for a in ("--upstream", u.rstrip("/"))]
         args += ["--cost-model", str(fit_path), "--max-inflight", str(slots), "--tenants", str(tfile),
-                 "--health-interval-s", "0.5"]
+                 "--health-interval-s", "0.5", "--events", "--access-log", "off", "--tenant-max-share", "1"]
         names = [t.name for t in e["tenants"]]
         duration = e["duration_s"] * scale_s
         events = [(t * scale_s, k, w) for t, k, w in e["events"]]
@@ -516,7 +517,7 @@ def chapter_runs(backend: str, *, engine_kind: str = LIVE_KIND, endpoints: Seque
         raise ValueError(f"endpoints: backend 'http' needs the {REPLICAS} replicas' base URLs, got {list(endpoints)}")
     for e in endpoints:
         fitmod.fit_for_endpoint(fit_file, e, engine_kind, model)
-    return measure(endpoints, engine_kind, fit_file or fitmod.data_path(engine_kind), variants=variants,
+    return measure(endpoints, engine_kind, fit_file or fitmod.fit_data_path(engine_kind), variants=variants,
                    seeds=seeds, scale_s=scale_s, runs_dir=runs_dir, model=model, log=log)
 
 
@@ -571,7 +572,7 @@ def record_kv(kind: str = "vllm", out=None) -> dict:
     """Start vLLM as the book does and read its KV capacity from ``/metrics``
     (:func:`fairlib.pools.kv_capacity_from_metrics`: ``num_gpu_blocks x block_size``); written with
     the server's version, its settings, the machine and the date."""
-    if kind != "vllm":
+    if kind != EngineKind.VLLM:
         raise ValueError(f"kind: only vllm states its KV capacity in /metrics, got {kind!r}")
     with fitmod.start(kind) as eng:
         with urllib.request.urlopen(eng.metrics_url, timeout=10) as r:

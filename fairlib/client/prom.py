@@ -139,10 +139,11 @@ class MetricsScraper:
                 "interval_s": self.interval_s, "timeout_s": self.timeout_s, "parent": os.getpid()}
         try:
             # -I: no PYTHONPATH, user site or script folder on the path (this file needs the stdlib only)
-            self.proc = subprocess.Popen([sys.executable, "-I", str(Path(__file__).resolve())],
-                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True)
-            self.proc.stdin.write((json.dumps(conf) + "\n").encode())
-            self.proc.stdin.flush()
+            proc = self.proc = subprocess.Popen([sys.executable, "-I", str(Path(__file__).resolve())],
+                                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True)
+            assert proc.stdin is not None   # stdin=PIPE
+            proc.stdin.write((json.dumps(conf) + "\n").encode())
+            proc.stdin.flush()
         except OSError as e:
             self.start_error = f"{type(e).__name__}: {e}"
             self._kill()
@@ -157,7 +158,8 @@ class MetricsScraper:
         """End the child (it takes one last sample first), parse what it saved; returns counts."""
         if self.proc is not None:
             try:
-                self.proc.stdin.close()          # the child's signal to stop
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()      # the child's signal to stop
             except OSError:
                 pass
             try:
@@ -185,7 +187,7 @@ def _die_with_parent(parent: int) -> None:
 def _sample(opener, url: str, t0_wall: float, timeout_s: float, out, headers=None) -> bool:
     """One GET, its raw text (or error) appended to ``out``; False when the server has no ``/metrics``."""
     wall = time.time()
-    line = {"t": wall - t0_wall, "wall": wall}
+    line: dict = {"t": wall - t0_wall, "wall": wall}
     found = True
     try:
         with opener.open(urllib.request.Request(url, headers=headers or {}), timeout=timeout_s) as r:

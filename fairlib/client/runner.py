@@ -17,8 +17,9 @@ from typing import Callable, Optional
 
 from fairlib.client.endpoint import EndpointConfig, build_request, redact
 from fairlib.client.http1 import ConnectError, HttpSession
-from fairlib.client.sse import (DONE, MalformedSSE, SSEParser, StreamAccumulator, StreamError,
-                                UnexpectedContentType, decode_event, loads_finite)
+from fairlib.client.stream import StreamAccumulator
+from fairlib.protocol.sse import (DONE, MalformedSSE, SSEParser, StreamError, UnexpectedContentType, decode_event,
+                                  loads_finite)
 from fairlib.records.schema import classify_status, finish_record, new_record
 
 __all__ = ["RunClock", "send_request", "send_shard"]
@@ -152,7 +153,7 @@ async def send_request(session: HttpSession, req, cfg: EndpointConfig, clock: Ru
             if resp.retried:   # the server closed the idle connection as the request left: sent again
                 rec["retry_reason"] = redact(f"retried on a new connection ({resp.retried})", cfg.secrets)
             if resp.status != 200:
-                rec["error_class"] = classify_status(resp.status)
+                rec["error_class"] = classify_status(int(resp.status or 0))
                 rec["error_message"] = f"HTTP {resp.status}: {await _error_text(resp)}"[:2000]
             else:
                 await _consume(resp, acc, clock)
@@ -194,8 +195,9 @@ def make_session(cfg: EndpointConfig) -> HttpSession:
 
 async def send_shard(requests, cfg: EndpointConfig, clock: RunClock, on_record: Callable[[dict], None],
                      *, worker: int = 0, spin_s: float = 1e-3,
-                     stop: Optional[asyncio.Event] = None) -> dict:
-    """Send ``requests`` at their intended offsets; ``on_record`` gets each record as it completes.
+                     stop: Optional[asyncio.Event] = None, on_send: Optional[Callable[[], None]] = None) -> dict:
+    """Send ``requests`` at their intended offsets; ``on_record`` gets each record as it completes,
+    ``on_send()`` (when given) is called as each request leaves (a progress count).
 
     Setting ``stop`` ends the shard: unsent requests are dropped, in-flight ones are cancelled and
     recorded as ``interrupted``. Returns ``{"interrupted": bool}``.
@@ -224,6 +226,8 @@ async def send_shard(requests, cfg: EndpointConfig, clock: RunClock, on_record: 
                 task = asyncio.create_task(one(req))
                 inflight.add(task)
                 task.add_done_callback(done)
+                if on_send is not None:
+                    on_send()
             finished_dispatch = True
             if not inflight:
                 idle.set()
@@ -252,7 +256,7 @@ def _in_running_loop() -> bool:
 
 
 def run_inprocess(schedule, cfg: EndpointConfig, on_record, t0_wall: float, *, spin_s: float = 1e-3,
-                  stop=None) -> dict:
+                  stop=None, on_send=None) -> dict:
     """One event loop in this process (in a helper thread when a loop already runs here, e.g. Jupyter).
 
     ``stop``: anything with ``is_set()`` (``measure.RunStop``, set by a signal handler), polled
@@ -268,14 +272,15 @@ def run_inprocess(schedule, cfg: EndpointConfig, on_record, t0_wall: float, *, s
 
         watcher = asyncio.create_task(watch()) if stop is not None else None
         try:
-            return await send_shard(schedule, cfg, RunClock(t0_wall), on_record, spin_s=spin_s, stop=st)
+            return await send_shard(schedule, cfg, RunClock(t0_wall), on_record, spin_s=spin_s, stop=st,
+                                    on_send=on_send)
         finally:
             if watcher is not None:
                 watcher.cancel()
 
     if not _in_running_loop():
         return asyncio.run(main())
-    box = {}
+    box: dict = {}
     th = threading.Thread(target=lambda: box.setdefault("r", asyncio.run(main())), name="fairlib-client")
     th.start()
     th.join()

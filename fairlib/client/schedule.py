@@ -179,6 +179,7 @@ def make_prompt(seed: int, tenant: int, k: int, n_tokens: int, tokenizer=None,
         if new_cut == cut:
             break
         cut = new_cut
+    assert best is not None   # the loop ran at least once
     return best
 
 
@@ -233,11 +234,43 @@ def build_schedule(requests, seed: int, *, api: str = "completions", tokenizer=N
                    token_id_prompts: Optional[bool] = None, tenant_names=None) -> Schedule:
     """Build the schedule for a workload table (a DataFrame with the columns above).
 
-    Rows are sorted by ``arrival_ms`` (stable); ``request_id`` is the position in that order.
-    ``api``: "completions" or "chat" (an ``api`` column, if present, overrides it per row).
-    ``token_id_prompts``: send token ids (exact lengths; completions only). Default: yes when a
-    tokenizer is given and the api is completions. ``tenant_names``: names for integer tenants
-    (a list or {index: name}; default ``tenant{i}``), or the order of string tenants.
+    Rows are sorted by ``arrival_ms`` (stable); ``request_id`` is the position in that order and
+    request ``k`` is sent ``arrival_ms / 1000`` s after the run starts. Its prompt is
+    ``make_prompt(seed, tenant, j, prompt_tokens)`` for the tenant's ``j``-th request: the same
+    seed gives a byte-identical schedule (``Schedule.sha256``).
+
+    Parameters
+    ----------
+    requests : pandas.DataFrame
+        Columns ``arrival_ms`` (ms, finite, >= 0), ``tenant`` (int index or name),
+        ``prompt_tokens`` and ``output_tokens`` (ints >= 1, ``output_tokens`` sent as
+        ``max_tokens``); optional ``priority`` (int), ``api`` (per row) and ``headers`` (a
+        mapping of more headers for that request).
+    seed : int
+        The seed of the prompts' content.
+    api : {"completions", "chat"}, default "completions"
+        The API of every row (an ``api`` column overrides it per row).
+    tokenizer : object, optional
+        Anything with ``encode``/``decode``: prompts are sized in its tokens; default
+        whitespace-separated words.
+    token_id_prompts : bool, optional
+        Send token ids (exact lengths; completions only); default: yes when a tokenizer is given
+        and the api is completions.
+    tenant_names : list of str or dict, optional
+        Names of integer tenants (a list, or ``{index: name}``; default ``tenant{i}``), or the
+        order of string tenants (default sorted).
+
+    Returns
+    -------
+    Schedule
+        The planned requests (``PlannedRequest``) in send order and ``meta`` (``seed``, ``api``, ``tokenizer``,
+        ``token_id_prompts``, ``tenant_names``, ``n_requests``).
+
+    Raises
+    ------
+    ValueError
+        A missing column, a bad ``arrival_ms``, ``api``, token count or ``headers`` value (naming
+        the row), token ids asked for chat, or ``tenant_names`` missing a tenant.
     """
     missing = [c for c in _REQUIRED if c not in requests.columns]
     if missing:

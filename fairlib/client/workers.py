@@ -26,6 +26,7 @@ import queue
 import signal
 import time
 import traceback
+from typing import Optional
 
 from fairlib.client.runner import STOP_POLL_S, RunClock, send_shard
 
@@ -48,7 +49,7 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _worker_main(i, shard, endpoint, spin_s, q, go, stop, t0v, parent_pid):
+def _worker_main(i, shard, endpoint, spin_s, q, go, stop, t0v, parent_pid, sent=None):
     _die_with_parent(parent_pid)
     own = {"stop": False}
 
@@ -75,6 +76,10 @@ def _worker_main(i, shard, endpoint, spin_s, q, go, stop, t0v, parent_pid):
             return
         clock = RunClock(t0v.value)
 
+        def count_send():   # this worker's own slot of the shared count (no lock: one writer)
+            if sent is not None:
+                sent[i] += 1
+
         async def main():
             st = asyncio.Event()
 
@@ -86,7 +91,7 @@ def _worker_main(i, shard, endpoint, spin_s, q, go, stop, t0v, parent_pid):
             watcher = asyncio.create_task(watch())
             try:
                 return await send_shard(shard, endpoint, clock, lambda rec: q.put(("record", i, rec)),
-                                        worker=i, spin_s=spin_s, stop=st)
+                                        worker=i, spin_s=spin_s, stop=st, on_send=count_send)
             finally:
                 watcher.cancel()
 
@@ -113,103 +118,138 @@ class _Never:
 
 
 def run_sharded(schedule, endpoint, n: int, on_record, on_start, *, start_delay_s: float = 0.2,
-                spin_s: float = 1e-3, stop=None) -> tuple:
+                spin_s: float = 1e-3, stop=None, sent_count=None) -> tuple:
     """Run ``schedule`` over ``n`` processes; returns ``(interrupted, failures)``.
+
+    ``sent_count``: called once, before the workers start, with a function that returns how many
+    requests the workers have sent so far (a progress count; one shared slot per worker).
 
     ``stop``: the run's stop flag (anything with ``is_set()``, e.g. ``measure.RunStop``), read
     every ``STOP_POLL_S`` from start-up on; once set no worker starts sending and the sending
     ones stop. ``on_start(t0_wall)`` is called once, when the workers are released (not at all
     when the run stops during start-up)."""
-    flag = stop if stop is not None else _Never()
     ctx = mp.get_context("spawn")
     _start_resource_tracker()
-    q, go, halt = ctx.Queue(), ctx.Event(), ctx.Event()
-    t0v = ctx.Value("d", 0.0, lock=False)
+    w = _Workers(ctx, n, on_record, stop if stop is not None else _Never())
+    if sent_count is not None:
+        sent_count(lambda: sum(w.sent))
     shards = schedule.shard(n)
-    procs = [ctx.Process(target=_worker_main, args=(i, shards[i], endpoint, spin_s, q, go, halt, t0v, os.getpid()),
+    procs = [ctx.Process(target=_worker_main, args=(i, shards[i], endpoint, spin_s, w.q, w.go, w.halt, w.t0v,
+                                                    os.getpid(), w.sent),
                          name=f"fairlib-client-{i}", daemon=True) for i in range(n)]
-    state = {"interrupted": False, "halted_at": None}
-    failures, done, ready, started = [], set(), set(), []
-    dead_at: dict = {}
+    try:
+        w.start(procs)
+        w.wait_ready()
+        if not w.check_stop():
+            t0 = time.time() + start_delay_s
+            w.t0v.value = t0
+            on_start(t0)
+            w.go.set()
+        w.wait_done()
+    finally:
+        w.finish()
+    return w.interrupted, w.failures
 
-    def halt_all(interrupted: bool) -> None:
-        state["interrupted"] |= interrupted
-        if not halt.is_set():
-            halt.set()   # set here, never in a signal handler (it takes a lock)
-            state["halted_at"] = time.monotonic()
 
-    def check_stop() -> bool:
-        if flag.is_set() and not halt.is_set():
-            halt_all(True)
-        return halt.is_set()
+class _Workers:
+    """The parent's side of :func:`run_sharded`: the queue the workers report on, the start and halt
+    events, and what each worker said (ready, done, failed) or did (exited without a word)."""
 
-    def handle(msg):
+    def __init__(self, ctx, n: int, on_record, flag):
+        self.n, self.on_record, self.flag = n, on_record, flag
+        self.q, self.go, self.halt = ctx.Queue(), ctx.Event(), ctx.Event()
+        self.t0v = ctx.Value("d", 0.0, lock=False)
+        self.sent = ctx.Array("q", n, lock=False)
+        self.interrupted = False
+        self.halted_at: Optional[float] = None
+        self.failures: list = []
+        self.done: set = set()
+        self.ready: set = set()
+        self.started: list = []
+        self.dead_at: dict = {}
+
+    def halt_all(self, interrupted: bool) -> None:
+        self.interrupted |= interrupted
+        if not self.halt.is_set():
+            self.halt.set()   # set here, never in a signal handler (it takes a lock)
+            self.halted_at = time.monotonic()
+
+    def check_stop(self) -> bool:
+        if self.flag.is_set() and not self.halt.is_set():
+            self.halt_all(True)
+        return self.halt.is_set()
+
+    def handle(self, msg) -> None:
         kind, i, payload = msg
         if kind == "record":
-            on_record(payload)
+            self.on_record(payload)
         elif kind == "ready":
-            ready.add(i)
+            self.ready.add(i)
         elif kind == "done":
-            done.add(i)
+            self.done.add(i)
             if payload and payload.get("interrupted"):
-                halt_all(True)   # one shard stopped early: the run is over
+                self.halt_all(True)   # one shard stopped early: the run is over
         elif kind == "failed":
-            done.add(i)
-            failures.append({"worker": i, "traceback": payload})
+            self.done.add(i)
+            self.failures.append({"worker": i, "traceback": payload})
 
-    def dead_without_word(grace_s=1.0):
+    def dead_without_word(self, grace_s=1.0) -> None:
         """Workers that exited without a done/failed message (after a grace period)."""
         now = time.monotonic()
-        for i, p in enumerate(started):
-            if i not in done and p.exitcode is not None:
-                since = dead_at.setdefault(i, now)
+        for i, p in enumerate(self.started):
+            if i not in self.done and p.exitcode is not None:
+                since = self.dead_at.setdefault(i, now)
                 if now - since > grace_s:
-                    done.add(i)
-                    failures.append({"worker": i, "traceback": f"exited with code {p.exitcode} without a report"})
+                    self.done.add(i)
+                    self.failures.append({"worker": i, "traceback": f"exited with code {p.exitcode} without a report"})
 
-    def pump(timeout_s=STOP_POLL_S):
+    def pump(self, timeout_s=STOP_POLL_S) -> None:
         try:
-            handle(q.get(timeout=timeout_s))
+            self.handle(self.q.get(timeout=timeout_s))
         except queue.Empty:
-            dead_without_word()
+            self.dead_without_word()
 
-    try:
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)   # inherited: workers start immune
+    def start(self, procs: list) -> None:
+        """Start the workers with ``SIGNALS`` blocked (inherited: they start immune)."""
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
         try:
             for p in procs:
                 p.start()
-                started.append(p)
+                self.started.append(p)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)       # a signal that came meanwhile lands now
+
+    def wait_ready(self) -> None:
+        """Until every worker is ready (or done), the run stops, or ``READY_TIMEOUT_S`` passes."""
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while len(ready | done) < n and not check_stop():
+        while len(self.ready | self.done) < self.n and not self.check_stop():
             if time.monotonic() > deadline:
-                failures.append({"worker": None, "traceback": "workers not ready in time"})
-                halt_all(False)
+                self.failures.append({"worker": None, "traceback": "workers not ready in time"})
+                self.halt_all(False)
                 break
-            pump()
-        if not check_stop():
-            t0 = time.time() + start_delay_s
-            t0v.value = t0
-            on_start(t0)
-            go.set()
-        while len(done) < n:
-            if check_stop() and time.monotonic() - state["halted_at"] > STOP_GRACE_S:
-                failures.append({"worker": None, "traceback": f"workers still running {STOP_GRACE_S} s after the stop"})
+            self.pump()
+
+    def wait_done(self) -> None:
+        """Until every worker is done, or ``STOP_GRACE_S`` after a stop."""
+        while len(self.done) < self.n:
+            if self.check_stop() and time.monotonic() - (self.halted_at or 0.0) > STOP_GRACE_S:
+                self.failures.append({"worker": None,
+                                      "traceback": f"workers still running {STOP_GRACE_S} s after the stop"})
                 break
-            pump()
-    finally:
-        if len(done) < n:   # an exception in the parent, or workers that do not stop: stop them, keep their records
-            halt_all(False)
+            self.pump()
+
+    def finish(self) -> None:
+        """On every way out: halt the workers still running (their records kept), then join them."""
+        if len(self.done) < self.n:   # an exception in the parent, or workers that do not stop
+            self.halt_all(False)
             end = time.monotonic() + 5.0
-            while len(done) < n and time.monotonic() < end:
+            while len(self.done) < self.n and time.monotonic() < end:
                 try:
-                    pump()
+                    self.pump()
                 except Exception:
                     break
-        for p in started:
+        for p in self.started:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-    return state["interrupted"], failures

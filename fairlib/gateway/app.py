@@ -11,19 +11,20 @@ lines; the first line is the gate's spec), ``POST /admin/policy`` (``{"policy": 
 "drained": true}``: upstream I takes no new request, those in it run to their end; ``false`` puts
 it back; a pool policy learns the replicas that take requests).
 
-A request: its tenant from ``x-llm-d-inference-fairness-id`` (or the older
-``x-gateway-inference-fairness-id``) or a tenant's API key (``Authorization: Bearer``); prompt
+A request: its tenant from its API key (``Authorization: Bearer``) or, in an open gateway or for a
+trusted key, ``x-llm-d-inference-fairness-id`` (or the older ``x-gateway-inference-fairness-id``;
+fairlib/gateway/identity.py); prompt
 tokens counted at admission (a token-id prompt exactly, text as whitespace words: an estimate
 until the upstream's ``usage`` says); ``est_output_tokens`` (body field or ``x-fairlib-est-output-
 tokens`` header; default ``max_tokens``) for sjf / vtc_predict / token_pool (its reservation: a
-request without any is 400 there); ``priority`` (body, vLLM's field)
-or the tenant's, ``klass`` from the tenant. Upstream, every request is streamed with
+request without any is 400 there); ``priority`` and ``klass`` from the tenants file (the body's
+``priority`` is a client's own claim: ignored, and not sent upstream). Upstream, every request is streamed with
 ``stream_options.include_usage`` so that the gateway sees each token: a client that asked for no
 stream gets one JSON answer assembled from it, a client that did not ask for usage gets no usage
-chunk. Answers the gateway makes itself are OpenAI error JSON: 400 (bad body), 401 (no tenant),
-429 (queue cap, the policy: with ``Retry-After``), 502 (upstream unreachable or broken), 503 (no
+chunk. Answers the gateway makes itself are OpenAI error JSON: 400 (bad body), 401 (no or an
+unknown key, no tenant), 403 (a key naming another tenant), 429 (queue cap, the policy: with ``Retry-After``), 502 (upstream unreachable or broken), 503 (no
 healthy upstream, queue timeout, shutting down after a stop signal: with ``Retry-After``), and
-carry ``x-fairlib-rejected-reason``. A stop signal (SIGTERM, SIGINT, SIGHUP) drains: no new
+every one carries ``x-fairlib-rejected-reason``. Each request is one access-log line. A stop signal (SIGTERM, SIGINT, SIGHUP) drains: no new
 request, ``/health`` 503, those waiting and in flight run to their end (``--drain-timeout-s``).
 An upstream's own error status and JSON are passed back as they are. Upstream, the tenant's name
 goes as ``x-llm-d-inference-fairness-id`` and ``X-Tenant`` (for the engine's own logs; ``fairlib
@@ -33,35 +34,46 @@ cancels its upstream request (the connection is closed) and frees the slot.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import json
 import math
-import time
 from typing import Optional
 
 from aiohttp import web
 
 from fairlib.client.http1 import ConnectError, Disconnected, HttpSession
-from fairlib.client.sse import DONE, MalformedSSE, SSEParser, StreamError, decode_event, interpret_chunk
+from fairlib.gateway import credit
+from fairlib.gateway.access_log import access_record, own_reason
+from fairlib.gateway.admin import AdminRoutes
+from fairlib.gateway.body import read_body_json
 from fairlib.gateway.config import FAIRNESS_HEADERS
-from fairlib.gateway.core import Gateway, Pending, Rejected, Unauthorized
-from fairlib.serve.app import (
-    BadRequest,
-    error_response,
-    error_type,
-    messages_length,
-    openai_error_middleware,
-    prompt_length,
-)
+from fairlib.gateway.core import Gateway, Pending, Rejected
+from fairlib.gateway.forward import Forwarding
+from fairlib.gateway.health import mark
+from fairlib.gateway.identity import BadTenantId, Forbidden, Unauthorized
+from fairlib.gateway.relay import upstream_body
+from fairlib.protocol.parse import parse_proxy_request, prompt_text
+from fairlib.protocol.routes import OpenAIServer, bad_request, bearer, error_response
+from fairlib.protocol.wire import BadRequest, error_type
 
-__all__ = ["make_app", "GATEWAY", "MAX_BODY_BYTES"]
+__all__ = ["make_app", "GatewayApp", "GATEWAY", "LISTENING"]
 
 GATEWAY = web.AppKey("gateway", Gateway)
-MAX_BODY_BYTES = 64 * 2 ** 20
-ROUTES = ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "GET /health", "GET /metrics",
-          "GET /admin/state", "GET /admin/events", "POST /admin/policy", "POST /admin/reset", "POST /admin/upstreams")
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-_DONE = b"data: [DONE]\n\n"
+#: called once the gateway listens: its health checks begin (a port that cannot be bound: none)
+LISTENING = web.AppKey("listening", object)
+
+
+class Answer(Exception):
+    """An answer the gateway makes itself (an error JSON), raised from a step of a request's handling."""
+
+    def __init__(self, response: web.Response):
+        super().__init__(response.status)
+        self.response = response
+
+
+def refuse(status: int, message: str, type_: str, reason: str, param=None) -> web.Response:
+    """An answer the gateway makes itself: OpenAI's error JSON and ``x-fairlib-rejected-reason``."""
+    r = error_response(status, message, type_, param)
+    r.headers["x-fairlib-rejected-reason"] = reason
+    return r
 
 
 def _reject(e: Rejected) -> web.Response:
@@ -72,518 +84,243 @@ def _reject(e: Rejected) -> web.Response:
     return r
 
 
-def _loopback(request: web.Request) -> bool:
-    try:
-        return ipaddress.ip_address((request.remote or "").split("%")[0]).is_loopback
-    except ValueError:
-        return False
+class GatewayApp(AdminRoutes, Forwarding, OpenAIServer):
+    """The gateway's HTTP handlers around one :class:`Gateway`: the OpenAI routes, relayed to the
+    upstreams the policy admits to, and the loopback-only admin routes."""
 
+    fault = "internal gateway error"
 
-def _int_field(body: dict, name: str, low: int):
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise BadRequest(f"'{name}' must be an integer >= {low}, got {v!r}", name)
-    return v
+    def __init__(self, gw: Gateway):
+        self.gw, self.cfg = gw, gw.cfg
+        self._session: Optional[HttpSession] = None
+        self.health_task: Optional[asyncio.Task] = None
 
+    @property
+    def session(self) -> HttpSession:
+        """The session to the upstreams (opened by :meth:`on_startup`; a RuntimeError before)."""
+        if self._session is None:
+            raise RuntimeError("the gateway's upstream session opens when its app starts (on_startup)")
+        return self._session
 
-def parse_body(body, api: str, headers) -> dict:
-    """What the gateway reads of a completions/chat body: prompt tokens (exact for token ids, else
-    whitespace words), max_tokens, the estimate, priority, stream and include_usage."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    if api == "chat":
-        if "messages" not in body:
-            raise BadRequest("'messages' is required", "messages")
-        prompt_tokens = messages_length(body["messages"])
-        mt = _int_field(body, "max_completion_tokens", 1)
-        if mt is None:
-            mt = _int_field(body, "max_tokens", 1)
-    else:
-        if "prompt" not in body:
-            raise BadRequest("'prompt' is required", "prompt")
-        prompt_tokens = prompt_length(body["prompt"])[0]
-        mt = _int_field(body, "max_tokens", 1)
-    est = _int_field(body, "est_output_tokens", 1)
-    h = headers.get("x-fairlib-est-output-tokens")
-    if est is None and h is not None:
-        try:
-            est = int(h)
-        except ValueError:
-            est = -1
-        if est < 1:
-            raise BadRequest(f"header x-fairlib-est-output-tokens must be an integer >= 1, got {h!r}",
-                             "x-fairlib-est-output-tokens")
-    prio = body.get("priority")
-    if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)):
-        raise BadRequest(f"'priority' must be an integer, got {prio!r}", "priority")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise BadRequest(f"'stream' must be a boolean, got {stream!r}", "stream")
-    so = body.get("stream_options")
-    if so is not None and not isinstance(so, dict):
-        raise BadRequest("'stream_options' must be an object", "stream_options")
-    if body.get("n", 1) != 1:
-        raise BadRequest("'n': only one choice per request is supported", "n")
-    return {"prompt_tokens": prompt_tokens, "max_tokens": mt, "est": est if est is not None else mt,
-            "priority": prio, "stream": stream, "include_usage": bool(stream and so and so.get("include_usage"))}
+    def routes(self) -> list:
+        """Called once by ``make_app``.
+        Returns the OpenAI routes and the admin routes (these answer on loopback only)."""
+        return [("POST", "/v1/completions", self.completions), ("POST", "/v1/chat/completions", self.chat),
+                ("GET", "/v1/models", self.models), ("GET", "/health", self.health), ("GET", "/metrics", self.metrics),
+                ("GET", "/admin/state", self.admin(self.admin_state)),
+                ("GET", "/admin/events", self.admin(self.admin_events)),
+                ("POST", "/admin/policy", self.admin(self.admin_policy)),
+                ("POST", "/admin/reset", self.admin(self.admin_reset)),
+                ("POST", "/admin/upstreams", self.admin(self.admin_upstreams))]
 
+    async def on_startup(self, app: web.Application) -> None:
+        """Called when the app starts, before it listens.
+        Returns nothing; the upstream session is open."""
+        self._session = HttpSession(timeout_s=self.cfg.request_timeout_s, connect_timeout_s=5.0)
 
-def _prompt_text(body: dict):
-    """What the estimator's keyword classifier reads: a completion's prompt (text, or token ids),
-    or a chat's message contents joined (text parts of multi-part contents included)."""
-    if "messages" not in body:
-        return body.get("prompt")
-    parts = []
-    for m in body.get("messages") or ():
-        c = m.get("content") if isinstance(m, dict) else None
-        if isinstance(c, str):
-            parts.append(c)
-        elif isinstance(c, list):
-            parts += [x.get("text", "") for x in c if isinstance(x, dict) and isinstance(x.get("text"), str)]
-    return "\n".join(parts)
+    def listening(self) -> None:
+        """Called once the gateway listens (``app[LISTENING]``): the health loop begins."""
+        if self.health_task is None:
+            self.health_task = asyncio.get_running_loop().create_task(self.health_loop())
 
+    async def on_cleanup(self, app: web.Application) -> None:
+        """Called when the app stops.
+        Returns once the health loop is cancelled and the upstream session closed."""
+        if self.health_task is not None:
+            self.health_task.cancel()
+        await self.session.close()
+        gw = self.gw
+        if self.health_task is not None:        # it listened: say that it stopped
+            gw.log.event("exit", "info", "stopped", in_flight=gw.gate.in_flight, waiting=gw.gate.waiting,
+                         stopped_in_flight=gw.cut_in_flight, served=sum(u.dispatched for u in gw.upstreams))
+        gw.log.close()
 
-def _answer_text(obj) -> str:
-    """The text of a JSON completion or chat answer (its first choice)."""
-    try:
-        ch = obj["choices"][0]
-        return str(ch.get("text") if "text" in ch else (ch.get("message") or {}).get("content") or "")
-    except (KeyError, IndexError, TypeError, AttributeError):
-        return ""
-
-
-class _Relay:
-    """One upstream stream read chunk by chunk: tokens to the gateway, bytes to the client.
-
-    The client's bytes: when it asked for ``include_usage`` nothing is left out and each read of
-    the upstream goes to the client as it came (``raw``); otherwise every event but the usage
-    chunk is passed on. They are written to the client's connection from the read itself (one
-    HTTP/1.1 chunk each, after aiohttp sent the head: ``direct``), so a token costs no task
-    wake-up; while more than ``HIGH_WATER`` bytes wait in that connection (a slow reader) they
-    queue in ``out`` instead, for the handler to write with back-pressure."""
-
-    HIGH_WATER = 1 << 18
-
-    def __init__(self, gw: Gateway, p: Pending, api: str, client_stream: bool, include_usage: bool):
-        self.gw, self.p, self.api = gw, p, api
-        self.client_stream, self.include_usage = client_stream, include_usage
-        self.raw = client_stream and include_usage
-        self.parser = SSEParser()
-        self.out: list = []
-        self.transport = None       # the client's connection, once direct writes may begin
-        self.waker = None
-        self.done = False           # [DONE] seen
-        self.error = None           # an error event inside the stream
-        self.fed = False            # the estimator has learnt from this answer
-        self.text: list = []
-        self.first = None           # the first chunk (id, model, created)
-        self.finish_reason = None
-        self.usage = None
-        self._kept: list = []
-
-    def wake(self, *_):
-        w = self.waker
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    def on_data(self, data: bytes, t: float) -> bool:
-        t_ms = (t - self.gw.t0) * 1e3
-        kept = self._kept
-        for ev in self.parser.feed(data):
-            self._event(ev, t_ms)
-        if not self.client_stream:
-            return False
-        if self.raw:
-            body = data
-        else:
-            body = b"".join(kept)
-            kept.clear()
-        if body:
-            tr = self.transport
-            if tr is not None and not self.out and not tr.is_closing() \
-                    and tr.get_write_buffer_size() < self.HIGH_WATER:
-                tr.write(b"%x\r\n%b\r\n" % (len(body), body))
-            else:
-                self.out.append(body)
-                self.wake()
-        return False
-
-    def feed_estimator(self) -> None:
-        """The answer is whole (its finish_reason came): the gateway's estimator learns from it,
-        once, with the upstream's usage count when it gave one."""
-        if not self.fed and self.finish_reason is not None and self.error is None:
-            self.fed = True
-            self.gw.answered(self.p, "".join(self.text), (self.usage or {}).get("completion_tokens"))
-
-    def _keep(self, ev) -> None:
-        if self.client_stream and not self.raw:
-            self._kept.append(b"data: " + ev.data.encode() + b"\n\n")
-
-    def _event(self, ev, t_ms: float) -> None:
-        try:
-            payload, _ = decode_event(ev)
-        except MalformedSSE:
-            self._keep(ev)
-            return
-        if payload is DONE:
-            self.done = True
-            self.feed_estimator()   # before the client can read [DONE] and go
-            self._keep(ev)
-            return
-        try:
-            info = interpret_chunk(payload)
-        except StreamError as e:
-            self.error = e
-            self._keep(ev)
-            return
-        except MalformedSSE:
-            info = None
-        if info is not None:
-            if self.first is None:
-                self.first = payload
-            if info.finish_reason is not None:
-                self.finish_reason = info.finish_reason
-            if info.is_token_chunk:
-                self.text.append(info.text)
-                self.gw.tokens(self.p, t_ms, max(1, info.n_tokens), info.finish_reason is not None)
-            elif info.finish_reason is not None:
-                self.gw.finish_seen(self.p, t_ms)
-            if info.usage is not None and isinstance(info.usage.get("completion_tokens"), int):
-                self.usage = info.usage
-                self.gw.usage_tokens(self.p, info.usage["completion_tokens"])
-            if info.usage is not None and not payload.get("choices") and not self.include_usage:
-                return                  # the usage chunk the client did not ask for
-        self._keep(ev)
-
-    def assembled(self) -> dict:
-        """The answer of a client that asked for no stream, from what the stream carried."""
-        f = self.first or {}
-        text = "".join(self.text)
-        if self.api == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": self.finish_reason}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason}
-            obj = "text_completion"
-        out = {"id": f.get("id"), "object": obj, "created": f.get("created", int(time.time())),
-               "model": f.get("model"), "choices": [choice]}
-        if self.usage is not None:
-            out["usage"] = self.usage
-        return out
-
-
-def _upstream_body(body: dict) -> bytes:
-    b = dict(body)
-    b["stream"] = True
-    so = dict(b.get("stream_options") or {})
-    so["include_usage"] = True
-    b["stream_options"] = so
-    return _dumps(b).encode()
-
-
-def make_app(gw: Gateway) -> web.Application:
-    cfg = gw.cfg
-    app = web.Application(client_max_size=MAX_BODY_BYTES,
-                          middlewares=[openai_error_middleware(ROUTES, MAX_BODY_BYTES, "internal gateway error")])
-    app[GATEWAY] = gw
-    state: dict = {}
-
-    async def on_startup(app):
-        state["session"] = HttpSession(timeout_s=cfg.request_timeout_s, connect_timeout_s=5.0)
-        state["health"] = asyncio.get_running_loop().create_task(_health_loop())
-
-    async def on_cleanup(app):
-        t = state.get("health")
-        if t is not None:
-            t.cancel()
-        await state["session"].close()
-
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
-
-    def upstream_headers(tenant: Optional[str] = None) -> dict:
+    def upstream_headers(self, tenant: Optional[str] = None) -> dict:
+        """Called for each request the gateway sends upstream (``tenant``: whom it is for).
+        Returns its headers: JSON in, an event stream out, the upstream key, the tenant's name."""
         h = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        if cfg.upstream_api_key:
-            h["Authorization"] = f"Bearer {cfg.upstream_api_key}"
+        if self.cfg.upstream_api_key:
+            h["Authorization"] = f"Bearer {self.cfg.upstream_api_key}"
         if tenant is not None:      # who it is for, for the engine's own logs (fairlib serve: X-Tenant)
             h[FAIRNESS_HEADERS[0]] = tenant
             h["X-Tenant"] = tenant
         return h
 
-    async def _health_loop():
+    async def health_loop(self) -> None:
+        """Started with the app: asks each upstream's ``/health`` every ``health_interval_s``.
+        Returns only when cancelled; marks each upstream healthy (any answer but a 5xx) or not."""
+        gw, cfg = self.gw, self.cfg
         sess = HttpSession(timeout_s=max(1.0, cfg.health_interval_s), connect_timeout_s=1.0)
+        first = True
         try:
             while True:
                 for up in gw.upstreams:
-                    ok = False
+                    ok, why = False, ""
                     try:            # any answer but a 5xx: an engine without /health answers 404
-                        async with sess.get(up.root + "/health", headers=upstream_headers()) as r:
+                        async with sess.get(up.root + "/health", headers=self.upstream_headers()) as r:
                             await r.read(1 << 16)
+                            assert r.status is not None     # the session returns a response once its head came
                             ok = r.status < 500
-                    except (OSError, TimeoutError, ConnectionError):
-                        ok = False
-                    gw.mark(up, ok)
+                        why = f"its /health answered {r.status}"
+                    except (OSError, TimeoutError, ConnectionError) as e:
+                        ok, why = False, f"its /health did not answer ({type(e).__name__}: {e})"
+                    if first and not ok:     # a start against an upstream that does not answer: said at once
+                        why += f" at the gateway's start; asked again every {cfg.health_interval_s:g} s"
+                    mark(gw, up, ok, why, at_once=first)
+                first = False
                 await asyncio.sleep(cfg.health_interval_s)
         finally:
             await sess.close()
 
-    def bearer(request) -> str:
-        a = request.headers.get("Authorization", "")
-        return a[7:].strip() if a[:7].lower() == "bearer " else ""
+    # --- a completions or chat request: admitted, queued, relayed ---------------------------------
 
-    async def generate(request: web.Request, api: str):
+    async def generate(self, request: web.Request, api: str) -> web.StreamResponse:
+        """Called for each completions or chat request: its tenant found, parsed, queued by the policy.
+        Returns the upstream's answer once a slot is free, or the gateway's own error JSON; one
+        access-log line after it, however it ended (fairlib/gateway/access_log.py)."""
+        note = {"tenant": None, "api": api, "stream": None, "upstream": None, "retried": False, "error": None}
+        t0, resp, task = self.gw.clock(), None, asyncio.current_task()
+        self.gw.handlers.add(task)
         try:
-            body = await request.json(loads=json.loads)
-        except ValueError as e:
-            return error_response(400, f"the request body is not valid JSON: {e}", "BadRequestError")
-        except RecursionError:
-            return error_response(400, "the request body is not valid JSON: nested too deeply", "BadRequestError")
-        if gw.stopping:
-            r = error_response(503, "the gateway is shutting down: it takes no new request", error_type(503))
-            r.headers["Retry-After"] = "1"
-            r.headers["x-fairlib-rejected-reason"] = "shutting_down"
-            return r
+            resp = await self.answer(request, api, note)
+            return resp
+        finally:
+            self.gw.handlers.discard(task)
+            self.gw.log.access(access_record(self.gw, note, resp, t0))
+
+    async def answer(self, request: web.Request, api: str, note: dict) -> web.StreamResponse:
+        """Called by :meth:`generate`: the request's handling, ``note`` filled in for its log line."""
         try:
-            req = parse_body(body, api, request.headers)
+            if self.gw.stopping:
+                raise Answer(self.shutting_down())
+            tenant = self.identify(request)         # before the body: a stranger's body is not read
+            note["tenant"] = self.gw.tenant_name(tenant)
+            body = await read_body_json(request)
+            req = parse_proxy_request(body, api, request.headers)
+            note["stream"], note["prompt_tokens"] = req["stream"], req["prompt_tokens"]
+            p = note["p"] = self.admit(request, body, req, tenant)
+            data, body = upstream_body(body, consume=True), None     # held once: as it goes upstream
+            up = await self.wait_for_slot(p)
         except BadRequest as e:
-            return error_response(e.status, e.message, e.type, e.param)
-        key = bearer(request)
-        if cfg.api_key and key != cfg.api_key and key not in gw.by_key:
-            return error_response(401, "Unauthorized: send 'Authorization: Bearer <api key>'", "AuthenticationError")
+            return bad_request(e)
+        except Answer as e:
+            return e.response
+        return await self.relay(request, api, data, req, p, up, note)
+
+    def shutting_down(self) -> web.Response:
+        """Called for a request that comes after a stop signal.
+        Returns 503 with ``Retry-After: 1`` (the next replica, or this one after its restart)."""
+        r = error_response(503, "the gateway is shutting down: it takes no new request", error_type(503))
+        r.headers["Retry-After"] = "1"
+        r.headers["x-fairlib-rejected-reason"] = "shutting_down"
+        return r
+
+    def identify(self, request: web.Request) -> int:
+        """Called by :meth:`admit`: the tenant index of a request (fairlib/gateway/identity.py).
+        Raises :class:`Answer` with its 400 (a bad tenant id), 401 (no or unknown key, no tenant) or
+        403 (an untrusted key naming another tenant: counted under the key's tenant)."""
+        gw = self.gw
         try:
-            tenant = gw.tenant_of(request.headers, key)
+            return gw.tenant_of(request.headers, bearer(request))
         except Unauthorized as e:
-            r = error_response(401, str(e), "AuthenticationError")
-            r.headers["x-fairlib-rejected-reason"] = "unknown_tenant"
-            return r
+            raise Answer(refuse(401, str(e), "AuthenticationError", e.reason)) from None
+        except Forbidden as e:
+            gw.count_rejected(e.tenant, e.reason)
+            raise Answer(refuse(403, str(e), "PermissionDeniedError", e.reason)) from None
+        except BadTenantId as e:
+            raise Answer(refuse(400, str(e), "BadRequestError", e.reason, "tenant")) from None
+
+    def admit(self, request: web.Request, body: dict, req: dict, tenant: int) -> Pending:
+        """Called by :meth:`generate` with a parsed request: who sends it, then the policy's queue.
+        Returns it queued (``Pending``); raises :class:`Answer` with the 400, 401 or 429 that turns it away."""
+        gw = self.gw
         tc = gw.tenant_config(tenant)
-        prio = req["priority"] if req["priority"] is not None else (tc.priority if tc else 0)
+        prio = tc.priority if tc else 0         # the tenants file's, never the body's (a client's own claim)
         klass = tc.klass if tc else 0
         cat = tier = None
         if gw.estimator is not None:
             try:
-                cat, tier = gw.estimator.describe(request.headers, _prompt_text(body), tc.tier if tc else None)
+                cat, tier = gw.estimator.describe(request.headers, prompt_text(body), tc.tier if tc else None)
             except ValueError as e:
-                return error_response(400, str(e), "BadRequestError", getattr(e, "param", None))
+                raise Answer(error_response(400, str(e), "BadRequestError", getattr(e, "param", None))) from None
         try:
-            p = gw.submit(tenant, req["prompt_tokens"], req["est"], klass, prio, req["max_tokens"], cat, tier)
+            return gw.submit(tenant, req["prompt_tokens"], req["est"], klass, prio, req["max_tokens"], cat, tier)
         except Rejected as e:
-            return _reject(e)
+            raise Answer(_reject(e)) from None
         except ValueError as e:      # e.g. a priority outside the levels the policy keeps
-            return error_response(400, str(e), "BadRequestError", getattr(e, "param", "priority"))
-        # wait for a slot
+            raise Answer(error_response(400, str(e), "BadRequestError", getattr(e, "param", "priority"))) from None
+
+    async def wait_for_slot(self, p: Pending):
+        """Called by :meth:`generate` once the request waits in the policy's queue.
+        Returns the upstream that dispatched it; raises :class:`Answer` (503 after ``queue_timeout_s``, or its rejection)."""
+        gw, cfg = self.gw, self.cfg
         try:
             if cfg.queue_timeout_s is None:
-                up = await asyncio.shield(p.future)
-            else:
-                async with asyncio.timeout(cfg.queue_timeout_s):
-                    up = await asyncio.shield(p.future)
+                return await asyncio.shield(p.future)
+            async with asyncio.timeout(cfg.queue_timeout_s):
+                return await asyncio.shield(p.future)
         except TimeoutError:
             if p.future.done() and not p.future.cancelled() and p.future.exception() is None:
-                up = p.future.result()
-            else:
-                gw.withdraw(p, "queue_timeout")
-                return _reject(Rejected(503, "queue_timeout", f"waited {cfg.queue_timeout_s} s for a slot "
-                                                               f"(--queue-timeout-s)", cfg.queue_timeout_s))
+                return p.future.result()
+            gw.withdraw(p, "queue_timeout")
+            raise Answer(_reject(Rejected(503, "queue_timeout", f"waited {cfg.queue_timeout_s} s for a slot "
+                                                                 f"(--queue-timeout-s)", cfg.queue_timeout_s))) from None
         except Rejected as e:
-            return _reject(e)
+            raise Answer(_reject(e)) from None
         except asyncio.CancelledError:
             if p.future.done() and not p.future.cancelled() and p.future.exception() is None:
                 gw.release(p)          # dispatched as the client left: it never reached the upstream
             else:
                 gw.withdraw(p)
             raise
-        return await relay(request, api, body, req, p, up)
 
-    async def relay(request, api, body, req, p: Pending, up):
-        sess: HttpSession = state["session"]
-        rl = _Relay(gw, p, api, req["stream"], req["include_usage"])
-        resp = None
-        sresp = None
-        reading = None
-        try:
-            try:
-                resp = await sess.post(up.url + ("/chat/completions" if api == "chat" else "/completions"),
-                                       data=_upstream_body(body),
-                                       headers=upstream_headers(gw.tenant_name(p.tenant)),
-                                       now=gw.clock).__aenter__()
-            except (ConnectError, Disconnected, TimeoutError, OSError) as e:
-                up.failures += 1
-                gw.mark(up, False)
-                return error_response(502, f"upstream {up.url} failed before answering: {e}", "BadGatewayError")
-            if resp.status != 200:
-                raw = await resp.read(1 << 20)
-                try:
-                    obj = json.loads(raw)
-                    ok_json = isinstance(obj, dict) and "error" in obj
-                except ValueError:
-                    ok_json = False
-                if ok_json:
-                    return web.Response(body=raw, status=resp.status, content_type="application/json")
-                return error_response(resp.status, f"upstream {up.url} answered {resp.status}: "
-                                                   f"{raw[:300].decode('utf-8', 'replace')}", error_type(resp.status))
-            if resp.content_type != "text/event-stream":
-                raw = await resp.read(MAX_BODY_BYTES)
-                try:
-                    obj = json.loads(raw)
-                except ValueError:
-                    return error_response(502, f"upstream {up.url} answered 200 with {resp.content_type or 'no type'}"
-                                               f", not an event stream", "BadGatewayError")
-                n = ((obj.get("usage") or {}).get("completion_tokens") if isinstance(obj, dict) else None) or 1
-                gw.tokens(p, gw.now_ms(), int(n), True)
-                gw.answered(p, _answer_text(obj), int(n))
-                return web.Response(body=raw, status=200, content_type="application/json")
-            loop = asyncio.get_running_loop()
-            reading = loop.create_task(resp.stream(rl.on_data))
-            reading.add_done_callback(rl.wake)
-            if rl.client_stream:
-                sresp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                                                "Cache-Control": "no-cache"})
-                if request.version >= (1, 1):
-                    sresp.enable_chunked_encoding()
-                await sresp.prepare(request)
-                await sresp.write(b"")          # the head goes out now; the reads follow it directly
-                if request.version >= (1, 1):
-                    rl.transport = request.transport
-            try:
-                while True:
-                    if rl.out:
-                        data = b"".join(rl.out)
-                        rl.out.clear()
-                        if sresp is not None:
-                            await sresp.write(data)
-                        continue
-                    if reading.done():
-                        break
-                    rl.waker = loop.create_future()
-                    await rl.waker
-                try:
-                    reading.result()
-                    broken = None if (rl.done or rl.finish_reason) else "the stream ended without [DONE]"
-                except (Disconnected, TimeoutError, OSError) as e:
-                    broken = f"{type(e).__name__}: {e}"
-                rl.feed_estimator()     # a stream without [DONE]: once it ended, if its finish_reason came
-                if sresp is None:
-                    if broken and not rl.text:
-                        return error_response(502, f"upstream {up.url} broke the stream: {broken}",
-                                              "BadGatewayError")
-                    if rl.error is not None:
-                        return error_response(rl.error.code or 500, str(rl.error), error_type(rl.error.code or 500))
-                    return web.Response(body=_dumps(rl.assembled()).encode(), content_type="application/json")
-                tail = b"".join(rl.out)
-                if broken:
-                    err = {"error": {"object": "error", "message": f"upstream {up.url} broke the stream: {broken}",
-                                     "type": "BadGatewayError", "param": None, "code": 502}}
-                    tail += b"data: " + _dumps(err).encode() + b"\n\n"
-                await sresp.write_eof(tail)
-            except ConnectionError:             # the client went away while we wrote to it
-                pass
-            return sresp
-        finally:
-            if reading is not None and not reading.done():
-                reading.cancel()
-            if resp is not None:
-                resp.release()          # an unfinished body closes the connection: the upstream aborts
-            gw.release(p)
+    # --- the other OpenAI routes ----------------------------------------------------------------
 
-    async def completions(request):
-        return await generate(request, "completions")
-
-    async def chat(request):
-        return await generate(request, "chat")
-
-    async def models(request):
-        sess: HttpSession = state["session"]
-        for up in gw.upstreams:
+    async def models(self, request: web.Request) -> web.Response:
+        """Called for ``GET /v1/models``.
+        Returns the first healthy upstream's answer as it came, else 503."""
+        for up in self.gw.upstreams:
             if not up.healthy:
                 continue
             try:
-                async with sess.get(up.url + "/models", headers=upstream_headers()) as r:
+                async with self.session.get(up.url + "/models", headers=self.upstream_headers()) as r:
                     raw = await r.read(1 << 20)
+                    assert r.status is not None     # the session returns a response once its head came
                     return web.Response(body=raw, status=r.status, content_type="application/json")
             except (ConnectError, Disconnected, TimeoutError, OSError):
                 continue
         return error_response(503, "no healthy upstream answered /v1/models", error_type(503))
 
-    async def health(request):
+    async def health(self, request: web.Request) -> web.Response:
+        """Called for ``GET /health``.
+        Returns 200 while an upstream takes requests (healthy, not drained) and no stop signal came, else 503."""
+        gw = self.gw
         if gw.stopping:
             return error_response(503, "the gateway is shutting down", error_type(503))
         if any(u.available for u in gw.upstreams):
             return web.Response(status=200)
         return error_response(503, "no upstream takes requests (unhealthy or drained)", error_type(503))
 
-    async def metrics(request):
-        return web.Response(text=gw.render_metrics(), content_type="text/plain", charset="utf-8")
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Called for ``GET /metrics``.
+        Returns the gateway's metrics (fairlib/gateway/metrics.py) as prometheus_client writes them."""
+        body, ctype = self.gw.render_metrics(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": ctype})
 
-    def admin(fn):
-        async def guarded(request):
-            if not _loopback(request):
-                return error_response(403, "the admin routes answer on loopback only", "PermissionDeniedError")
-            return await fn(request)
-        return guarded
 
-    async def admin_state(request):
-        return web.json_response(gw.state())
+async def _name_the_reason(request: web.Request, resp: web.StreamResponse) -> None:
+    """Every answer the gateway makes itself, aiohttp's own 404/405/413 included, names why."""
+    reason = own_reason(resp)
+    if reason is not None and "x-fairlib-rejected-reason" not in resp.headers:
+        resp.headers["x-fairlib-rejected-reason"] = reason
 
-    async def admin_events(request):
-        lines = [_dumps({"spec": gw.gate.spec, "tenants": gw.names})] + [_dumps(e) for e in gw.gate.log]
-        return web.Response(text="\n".join(lines) + "\n", content_type="application/x-ndjson")
 
-    async def json_body(request):
-        """The request's JSON body, or None (and the 400 to answer) when it is not JSON."""
-        try:
-            return await request.json(), None
-        except ValueError as e:
-            return None, error_response(400, f"the body is not JSON: {e}", "BadRequestError")
-
-    async def admin_policy(request):
-        body, bad = await json_body(request)
-        if bad is not None:
-            return bad
-        if not isinstance(body, dict) or not isinstance(body.get("policy"), str):
-            return error_response(400, "send {\"policy\": NAME, \"params\": {...}}", "BadRequestError", "policy")
-        params = body.get("params") or {}
-        if not isinstance(params, dict):
-            return error_response(400, "'params' must be an object", "BadRequestError", "params")
-        try:
-            gw.switch_policy(body["policy"], params)
-        except RuntimeError as e:
-            return error_response(409, str(e), "ConflictError")
-        except (ValueError, TypeError) as e:
-            return error_response(400, str(e), "BadRequestError", "policy")
-        return web.json_response(gw.state())
-
-    async def admin_upstreams(request):
-        body, bad = await json_body(request)
-        if bad is not None:
-            return bad
-        if not isinstance(body, dict) or not isinstance(body.get("drained"), bool):
-            return error_response(400, "send {\"upstream\": INDEX, \"drained\": true | false}", "BadRequestError",
-                                  "drained")
-        try:
-            gw.drain(body.get("upstream"), body["drained"])
-        except ValueError as e:
-            return error_response(400, str(e), "BadRequestError", "upstream")
-        return web.json_response(gw.state())
-
-    async def admin_reset(request):
-        try:
-            gw.switch_policy(gw.policy_name, gw.policy_params)
-        except RuntimeError as e:
-            return error_response(409, str(e), "ConflictError")
-        return web.json_response(gw.state())
-
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/admin/state", admin(admin_state))
-    app.router.add_get("/admin/events", admin(admin_events))
-    app.router.add_post("/admin/policy", admin(admin_policy))
-    app.router.add_post("/admin/reset", admin(admin_reset))
-    app.router.add_post("/admin/upstreams", admin(admin_upstreams))
+def make_app(gw: Gateway) -> web.Application:
+    """The aiohttp application of the gateway ``gw`` (``app[GATEWAY]``)."""
+    ga = GatewayApp(gw)
+    app = ga.make_app()
+    app[LISTENING] = ga.listening
+    app.on_response_prepare.append(_name_the_reason)
+    app[GATEWAY] = gw
+    credit.attach(app, gw, ga.upstream_headers())
     return app

@@ -9,44 +9,55 @@ Tenants (``--tenants FILE``, TOML)::
     klass = 0                         # service class for weighted / aging (default 0)
     priority = 0                      # for the priority policy: lower is served first (default 0)
     api_key = "sk-classify"           # optional: 'Authorization: Bearer <key>' names this tenant
+    trusted = false                   # optional: this key is a front proxy's: its fairness header names the tenant
     max_queue = 1000                  # optional: requests waiting at most (more: 429)
     tier = "premium"                  # optional: premium / standard / batch, for --estimator
     pool_class = "guaranteed"         # token_pool: guaranteed / elastic / spot
     share = 0.3                       # token_pool: its entitlement, a fraction of the pool (spot: 0)
     ttft_slo_ms = 1000                # token_pool: its TTFT SLO (the priority's urgency), default none
 
-Without a file the gateway is open: each fairness id gets the next tenant index as it first
-appears, up to ``max_tenants``; ids beyond share the last one, ``other`` (a caller-controlled
-label is a cardinality risk: llm-d caps its ``fairness_id`` label the same way); a request with no
-id is the tenant ``default``.
+When any tenant has an ``api_key`` (or ``--api-key`` is given) the key alone names the tenant
+(fairlib/gateway/identity.py: 401 without a known key, 403 for a header naming another tenant);
+only a ``trusted`` key's fairness header names one. Without a file the gateway is open: each
+fairness id gets the next tenant index as it first appears, up to ``max_tenants``; ids beyond
+share the last one, ``other`` (a caller-controlled label is a cardinality risk: llm-d caps its
+``fairness_id`` label the same way); a request with no id is the tenant ``default``.
 """
 from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit
 
 from fairlib.drift import TIERS
+from fairlib.sim.credit import DEFAULT_START as DEFAULT_CREDIT_START
+from fairlib.sim.credit import CreditOptions
 from fairlib.sim.policies import POLICIES, make_policy
 
-__all__ = ["Tenant", "TenantTable", "GatewayConfig", "load_tenants", "with_tenant_weights", "FAIRNESS_HEADERS", "OVERFLOW_TENANT",
-           "DEFAULT_TENANT"]
+__all__ = ["TenantConfig", "TenantTable", "GatewayConfig", "load_tenants", "with_tenant_weights", "FAIRNESS_HEADERS", "OVERFLOW_TENANT",
+           "DEFAULT_TENANT", "MAX_TENANT_ID_CHARS"]
 
 #: the tenant headers, llm-d's first, then the Gateway API Inference Extension's older name, then
 #: ``X-Tenant`` (what fairlib's client sends by default and ``fairlib serve`` reads)
 FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id", "x-tenant")
 OVERFLOW_TENANT = "other"
 DEFAULT_TENANT = "default"
-_TENANT_KEYS = {"name", "weight", "klass", "priority", "api_key", "max_queue", "tier", "pool_class", "share",
-                "ttft_slo_ms"}
+#: the longest tenant id (a name in the tenants file, a fairness header's value in open mode)
+MAX_TENANT_ID_CHARS = 200
+_TENANT_KEYS = {"name", "weight", "klass", "priority", "api_key", "trusted", "max_queue", "tier", "pool_class",
+                "share", "ttft_slo_ms"}
 POOL_CLASSES = ("guaranteed", "elastic", "spot")
 
 
 @dataclass(frozen=True)
-class Tenant:
+class TenantConfig:
+    """One ``[[tenant]]`` table of the tenants file: what the gateway applies to that tenant (its
+    weight, class, priority, key, queue limit, tier, token-pool class, share and SLO); not to be
+    confused with :class:`fairlib.workload.TenantSpec`, the traffic a tenant sends."""
+
     name: str
     weight: float = 1.0
     klass: int = 0
@@ -57,20 +68,24 @@ class Tenant:
     pool_class: Optional[str] = None
     share: Optional[float] = None
     ttft_slo_ms: Optional[float] = None
+    trusted: bool = False
 
     def to_dict(self) -> dict:
         return {"name": self.name, "weight": self.weight, "klass": self.klass, "priority": self.priority,
-                "api_key": "<set>" if self.api_key else None, "max_queue": self.max_queue, "tier": self.tier,
+                "api_key": "<set>" if self.api_key else None, "trusted": self.trusted, "max_queue": self.max_queue,
+                "tier": self.tier,
                 "pool_class": self.pool_class, "share": self.share, "ttft_slo_ms": self.ttft_slo_ms}
 
 
-def _tenant(d: dict, where: str) -> Tenant:
+def _tenant(d: dict, where: str) -> TenantConfig:
     unknown = sorted(set(d) - _TENANT_KEYS)
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: {', '.join(sorted(_TENANT_KEYS))}")
     name = d.get("name")
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise ValueError(f"{where}: 'name' must be a non-empty string of at most 200 characters, got {name!r}")
+    if not isinstance(name, str) or not name.strip() or len(name.strip()) > MAX_TENANT_ID_CHARS \
+            or not name.strip().isprintable():
+        raise ValueError(f"{where}: 'name' must be a non-empty printable string of at most {MAX_TENANT_ID_CHARS} "
+                         f"characters, got {name!r}")
     w = d.get("weight", 1.0)
     if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
         raise ValueError(f"{where}: 'weight' must be a finite number > 0, got {w!r}")
@@ -83,6 +98,11 @@ def _tenant(d: dict, where: str) -> Tenant:
     key = d.get("api_key")
     if key is not None and (not isinstance(key, str) or not key):
         raise ValueError(f"{where}: 'api_key' must be a non-empty string")
+    trusted = d.get("trusted", False)
+    if not isinstance(trusted, bool):
+        raise ValueError(f"{where}: 'trusted' must be true or false, got {trusted!r}")
+    if trusted and key is None:
+        raise ValueError(f"{where}: 'trusted = true' needs an 'api_key' (trusted is a property of a key)")
     mq = d.get("max_queue")
     if mq is not None and (isinstance(mq, bool) or not isinstance(mq, int) or mq < 0):
         raise ValueError(f"{where}: 'max_queue' must be an integer >= 0, got {mq!r}")
@@ -99,8 +119,8 @@ def _tenant(d: dict, where: str) -> Tenant:
     if slo is not None and (isinstance(slo, bool) or not isinstance(slo, (int, float)) or not math.isfinite(slo)
                             or slo <= 0):
         raise ValueError(f"{where}: 'ttft_slo_ms' must be a finite number > 0, got {slo!r}")
-    return Tenant(name.strip(), float(w), int(d.get("klass", 0)), int(d.get("priority", 0)), key, mq, tier,
-                  pc, None if share is None else float(share), None if slo is None else float(slo))
+    return TenantConfig(name.strip(), float(w), int(d.get("klass", 0)), int(d.get("priority", 0)), key, mq, tier,
+                  pc, None if share is None else float(share), None if slo is None else float(slo), trusted)
 
 
 @dataclass(frozen=True)
@@ -153,11 +173,11 @@ def load_tenants(spec) -> TenantTable:
         if not isinstance(default, str) or not default.strip():
             raise ValueError(f"{where}: 'default_tenant' must be a tenant name")
         if default not in names:
-            tenants = tenants + (Tenant(default.strip()),)
+            tenants = tenants + (TenantConfig(default.strip()),)
     return TenantTable(tenants, default)
 
 
-def with_tenant_weights(policy: str, params: dict, tenants: TenantTable, pool: Optional[dict] = None) -> dict:
+def with_tenant_weights(policy: str, params: Optional[dict], tenants: TenantTable, pool: Optional[dict] = None) -> dict:
     """``params`` with the tenants file's weights for a policy that takes ``weights`` (vtc, lcf,
     residency, vtc_predict), unless given; for ``token_pool`` the tenants' ``pool_class``,
     ``share`` and ``ttft_slo_ms`` and ``pool``'s defaults (replicas, replica_slots, the prices:
@@ -220,8 +240,30 @@ def _check_url(u: str, what: str) -> str:
         raise ValueError(f"{what} must be an http:// or https:// URL (the OpenAI base, e.g. "
                          f"http://127.0.0.1:8000/v1), got {u!r}")
     if parts.username or parts.password:
-        raise ValueError(f"{what}: the URL holds credentials; pass them with --upstream-api-key")
+        raise ValueError(f"{what}: the URL holds credentials; pass them with --upstream-api-key-file")
+    path = parts.path.rstrip("/")
+    if not path.endswith("/v1"):
+        fixed = f"{parts.scheme}://{parts.netloc}{path}/v1"
+        raise ValueError(f"{what} {u}: the path is not an OpenAI base (it ends in /v1); use {fixed}")
     return str(u).rstrip("/")
+
+
+def resolve_auto(cfg) -> None:
+    """``max_inflight="auto"`` (or ``("auto",)``): a credit (default constants) starting at
+    ``credit_start`` in each upstream; an integer cap keeps ``credit`` None (a fixed cap)."""
+    mi = cfg.max_inflight
+    auto = mi == "auto" or (isinstance(mi, (tuple, list)) and "auto" in mi)
+    if isinstance(mi, (tuple, list)) and auto and any(v != "auto" for v in mi):
+        raise ValueError(f"--max-inflight: 'auto' for every upstream or integers, not a mix, got {list(mi)}")
+    cs = cfg.credit_start
+    if isinstance(cs, bool) or not isinstance(cs, int) or cs < 1:
+        raise ValueError(f"--credit-start must be an integer >= 1, got {cs!r}")
+    if cfg.credit is not None and not isinstance(cfg.credit, CreditOptions):
+        raise ValueError(f"credit must be a CreditOptions or None, got {cfg.credit!r}")
+    if auto:
+        credit = cfg.credit or CreditOptions()
+        object.__setattr__(cfg, "credit", credit)
+        object.__setattr__(cfg, "max_inflight", (min(max(cs, credit.lo), credit.hi),))
 
 
 @dataclass(frozen=True)
@@ -230,7 +272,9 @@ class GatewayConfig:
 
     ``upstreams``: OpenAI base URLs (``.../v1``); ``max_inflight``: requests in each upstream at
     most (its ``max_num_seqs``: the gateway keeps the engine's own queue empty), one number for
-    all or one per upstream. ``prefill_ms_per_token``: the engines' fitted prefill price (the
+    all or one per upstream, or ``"auto"``: a credit per upstream learned from the engine's metrics
+    (``credit``, its control law's constants; ``credit_start``: where it starts when the engine
+    does not state its limit; fairlib/gateway/credit.py). ``prefill_ms_per_token``: the engines' fitted prefill price (the
     residency charge's prefill part; 0: prefill time is split over the step like decode time).
     ``queue_timeout_s``: a request waiting longer gets 503 with Retry-After. ``step_tol_ms``:
     the clustering tolerance of the step reconstruction (``"auto"``, fairlib/gateway/steps.py).
@@ -241,9 +285,16 @@ class GatewayConfig:
     ``--cost-model``): ``token_pool`` prices an output token at ``(iter_base + iter_slope B) / B``
     with B the upstream's slots, unless ``decode_price_ms`` is given.
     ``health_interval_s``: how often each upstream's ``/health`` is asked; ``health_failures``
-    misses in a row take it out, one answer puts it back. ``record_events``: keep the policy's
-    event log (``/admin/events``; the replay test and the chapters read it). ``drain_timeout_s``:
-    after a stop signal, how long those waiting and in flight may still take (no new request).
+    misses in a row take it out, one answer puts it back; a failed connection takes it out at once
+    (passive health). ``record_events``: keep the policy's event log (``/admin/events``; the
+    replay test and the chapters read it; it grows with every token: off by default).
+    ``drain_timeout_s``: after a stop signal, how long those waiting and in flight may still take
+    (no new request). ``upstream_idle_timeout_s``: an upstream read that brings no byte for this
+    long ends the request with an error (502, or an error event) and frees its slot.
+    ``access_log``: where the JSON access-log lines go ("-": stderr, None: nowhere, else a file).
+    ``trust_api_key``: the ``api_key`` is a front proxy's (its fairness header names the tenant).
+    ``tenant_max_share``: one tenant holds at most ``max(1, min(slots - 1, floor(share x slots)))``
+    slots, under any policy (fairlib/gateway/share.py; 1: no cap).
     """
 
     upstreams: tuple = ()
@@ -263,14 +314,21 @@ class GatewayConfig:
     upstream_api_key: Optional[str] = field(default=None, repr=False)
     api_key: Optional[str] = field(default=None, repr=False)
     request_timeout_s: float = 600.0
-    record_events: bool = True
+    record_events: bool = False
     n_classes: int = 4
     estimator: Optional[str] = None
     estimator_key: str = "category"
     cost_model: Optional[dict] = None
     drain_timeout_s: float = 30.0
+    credit: Optional[CreditOptions] = None
+    credit_start: int = DEFAULT_CREDIT_START
+    trust_api_key: bool = False
+    upstream_idle_timeout_s: float = 60.0
+    access_log: Optional[str] = "-"
+    tenant_max_share: float = 0.9
 
     def __post_init__(self):
+        resolve_auto(self)
         ups = self.upstreams
         if isinstance(ups, str):
             ups = (ups,)
@@ -300,7 +358,7 @@ class GatewayConfig:
                                            or self.max_queue < 0):
             raise ValueError(f"--max-queue must be an integer >= 0, got {self.max_queue!r}")
         for name in ("queue_timeout_s", "health_interval_s", "request_timeout_s", "prefill_ms_per_token",
-                     "drain_timeout_s"):
+                     "drain_timeout_s", "upstream_idle_timeout_s"):
             v = getattr(self, name)
             if v is None and name == "queue_timeout_s":
                 continue
@@ -309,6 +367,9 @@ class GatewayConfig:
                     or (positive and v == 0):
                 rel = "> 0" if positive else ">= 0"
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number {rel}, got {v!r}")
+        ts = self.tenant_max_share
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 < ts <= 1:
+            raise ValueError(f"--tenant-max-share must be a number in (0, 1] (1: no cap), got {ts!r}")
         st = self.step_tol_ms
         if st != "auto" and (isinstance(st, bool) or not isinstance(st, (int, float)) or not st > 0):
             raise ValueError(f"--step-tol-ms must be 'auto' or a number of ms > 0, got {st!r}")
@@ -317,6 +378,12 @@ class GatewayConfig:
             raise ValueError(f"--estimator must be tokens or words (or absent), got {self.estimator!r}")
         if self.estimator_key not in ("category", "tier"):
             raise ValueError(f"--estimator-key must be category or tier, got {self.estimator_key!r}")
+        if self.api_key and not self.trust_api_key and not self.tenants.is_open and self.tenants.default_tenant is None:
+            raise ValueError("--api-key names the tenants file's default_tenant, and the file has none: add "
+                             "default_tenant, give each tenant its own api_key, or --trust-api-key (a front proxy "
+                             "whose fairness header names the tenant)")
+        if self.api_key and self.api_key in {t.api_key for t in self.tenants.tenants}:
+            raise ValueError("--api-key is also a tenant's api_key in the tenants file: give each key once")
 
     def effective_policy_params(self) -> dict:
         """The policy's parameters, the tenants' weights filled in (:func:`with_tenant_weights`)."""
@@ -337,7 +404,8 @@ class GatewayConfig:
 
     @property
     def slots(self) -> int:
-        return int(sum(self.max_inflight))
+        """The most requests in flight at once: the upstreams' caps, or with a credit its ceiling each."""
+        return int(sum(self.max_inflight)) if self.credit is None else self.credit.hi * len(self.upstreams)
 
     def to_dict(self) -> dict:
         return {"upstreams": list(self.upstreams), "policy": self.policy, "policy_params": dict(self.policy_params),
@@ -350,4 +418,8 @@ class GatewayConfig:
                 "api_key": "<set>" if self.api_key else None, "request_timeout_s": self.request_timeout_s,
                 "record_events": self.record_events, "n_classes": self.n_classes, "estimator": self.estimator,
                 "estimator_key": self.estimator_key, "cost_model": self.cost_model,
-                "drain_timeout_s": self.drain_timeout_s}
+                "drain_timeout_s": self.drain_timeout_s,
+                "credit": None if self.credit is None else asdict(self.credit), "credit_start": self.credit_start,
+                "trust_api_key": self.trust_api_key,
+                "upstream_idle_timeout_s": self.upstream_idle_timeout_s, "access_log": self.access_log,
+                "tenant_max_share": self.tenant_max_share}

@@ -25,24 +25,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fairlib.gateway.config import (
-    DEFAULT_TENANT,
-    FAIRNESS_HEADERS,
-    OVERFLOW_TENANT,
-    GatewayConfig,
-    with_tenant_weights,
-)
+from fairlib.gateway import metrics
+from fairlib.gateway.access_log import GatewayLog
+from fairlib.gateway.config import GatewayConfig, with_tenant_weights
 from fairlib.gateway.estimate import GatewayEstimator
+from fairlib.gateway.identity import Identity, Unauthorized, tenant_index
+from fairlib.gateway.share import TenantShare, share_cap
 from fairlib.gateway.steps import StepTracker
-from fairlib.serve.prometheus import TTFT_BUCKETS, Counter, Gauge, Histogram, Registry
+from fairlib.protocol.wire import ParamError
+from fairlib.sim.credit import CreditController
 from fairlib.sim.gate import PolicyGate
 
 __all__ = ["Gateway", "Upstream", "Rejected", "Unauthorized", "REJECT_REASONS"]
 
 #: why a request was turned away, as the metrics and the ``x-fairlib-rejected-reason`` header say
-REJECT_REASONS = ("policy", "queue_full", "queue_timeout", "no_upstream", "unknown_tenant")
-QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
-                      160.0, 640.0)
+REJECT_REASONS = ("policy", "queue_full", "queue_timeout", "no_upstream", "unknown_tenant", "tenant_mismatch",
+                  "upstream_broken")
 
 
 class Rejected(Exception):
@@ -54,22 +52,24 @@ class Rejected(Exception):
         self.status, self.reason, self.message, self.retry_after_s = status, reason, message, retry_after_s
 
 
-class Unauthorized(Exception):
-    """No tenant for this request (no configured tenant matches and there is no default)."""
-
-
 @dataclass
 class Upstream:
     index: int
     url: str                      # the OpenAI base, ".../v1"
     max_inflight: int
-    tracker: StepTracker = None
+    tracker: StepTracker = field(init=False)    # Gateway._tracker(up), set at once (it closes over the Upstream)
     in_flight: set = field(default_factory=set)
     healthy: bool = True
     misses: int = 0
     dispatched: int = 0
     failures: int = 0
     drained: bool = False         # taken out by the operator (POST /admin/upstreams): no new requests
+    credit: Optional[CreditController] = None     # --max-inflight auto: its CreditController (fairlib/gateway/credit.py)
+    credit_source: Optional[str] = None
+    scrape_errors: int = 0
+    from_streams: int = 0         # credit observations made from the streams (no load in its /metrics)
+    retried: int = 0              # requests sent on to another upstream after this one failed them
+    broken: int = 0               # streams this upstream broke after their first byte
 
     @property
     def available(self) -> bool:
@@ -101,8 +101,15 @@ class Pending:
     tier: Optional[str] = None
     estimate: Optional[int] = None
 
+    @property
+    def sent_to(self) -> Upstream:
+        """The upstream it was dispatched to (a RuntimeError before: a caller's bug)."""
+        if self.upstream is None:
+            raise RuntimeError(f"request {self.rid} has not been dispatched to an upstream")
+        return self.upstream
 
-class Gateway:
+
+class Gateway(metrics.MetricFamilies):
     def __init__(self, cfg: GatewayConfig, clock=time.perf_counter):
         self.cfg = cfg
         self.clock = clock
@@ -113,21 +120,29 @@ class Gateway:
             up.tracker = self._tracker(up)
         self.names: list = [t.name for t in cfg.tenants.tenants]
         self.by_name = {n: i for i, n in enumerate(self.names)}
-        self.by_key = {t.api_key: i for i, t in enumerate(cfg.tenants.tenants) if t.api_key}
+        self.identity = Identity(cfg)
+        self.log = GatewayLog(cfg.access_log)
         self.pending: dict = {}
         self.finishing = 0               # finished streams whose step has not closed yet
         self._timers: dict = {}
         self.late_finishes = 0
         self.stopping = False            # a stop signal came: no new request, the rest drain
+        self.handlers: set = set()       # the request handlers running (a cut drain cancels them)
+        self.cut_in_flight = 0           # requests a cut drain stopped
         self.policy_name, self.policy_params = cfg.policy, cfg.effective_policy_params()
         self.gate = self._new_gate(cfg.policy, self.policy_params)
+        # a tenant's share of the slots the upstreams hold now (with --max-inflight auto: the
+        # credits, which fairlib/gateway/credit.py keeps the cap following), not of the ceiling
+        self.share = TenantShare(share_cap(cfg.tenant_max_share, sum(u.max_inflight for u in self.upstreams)))
         self.estimator = self._new_estimator()
         self._warm_up()
         self._metrics()
 
     # --- set-up -----------------------------------------------------------------------------
     def _new_gate(self, policy: str, params: dict) -> PolicyGate:
-        return PolicyGate(policy, n_tenants=self.cfg.n_tenants, slots=self.cfg.slots,
+        # room for as many parked requests as there are slots (share.py): the policy counts them as running
+        extra = self.cfg.slots if share_cap(self.cfg.tenant_max_share, self.cfg.slots) < self.cfg.slots else 0
+        return PolicyGate(policy, n_tenants=self.cfg.n_tenants, slots=self.cfg.slots + extra,
                           prefill_ms_per_token=self.cfg.prefill_ms_per_token, n_classes=self.cfg.n_classes,
                           record=self.cfg.record_events, **params)
 
@@ -152,27 +167,7 @@ class Gateway:
                            lambda rid: self._on_late(up, rid), self.cfg.step_tol_ms)
 
     def _metrics(self) -> None:
-        r = self.registry = Registry()
-        L = ("tenant",)
-        self.m_admitted = r.add(Counter("fairlib_gateway_admitted", "Requests sent to an upstream", L))
-        self.m_rejected = r.add(Counter("fairlib_gateway_rejected", "Requests turned away, by reason",
-                                        ("tenant", "reason")))
-        self.m_prompt = r.add(Counter("fairlib_gateway_prompt_tokens", "Prompt tokens of the admitted requests", L))
-        self.m_output = r.add(Counter("fairlib_gateway_output_tokens", "Output tokens streamed", L))
-        self.m_residency = r.add(Counter("fairlib_gateway_residency_ms",
-                                         "Machine time charged (ms): prefill at admission, dt/B per observed step", L))
-        self.m_waiting = r.add(Gauge("fairlib_gateway_waiting", "Requests waiting in the gateway", L))
-        self.m_inflight = r.add(Gauge("fairlib_gateway_in_flight", "Requests in an upstream", L))
-        self.m_counter = r.add(Gauge("fairlib_gateway_policy_counter", "The policy's counter (vtc, lcf, residency; token_pool: the debt, ms)", L))
-        self.m_wait = r.add(Histogram("fairlib_gateway_queue_wait_seconds", "Time from arrival to dispatch", L,
-                                      QUEUE_WAIT_BUCKETS))
-        self.m_ttft = r.add(Histogram("fairlib_gateway_time_to_first_token_seconds",
-                                      "Time from arrival at the gateway to the first token", L, TTFT_BUCKETS))
-        self.m_up_inflight = r.add(Gauge("fairlib_gateway_upstream_in_flight", "Requests in each upstream", ("upstream",)))
-        self.m_up_healthy = r.add(Gauge("fairlib_gateway_upstream_healthy", "1 if the upstream takes requests",
-                                        ("upstream",)))
-        self.m_steps = r.add(Counter("fairlib_gateway_upstream_steps", "Decode steps rebuilt from the streams",
-                                     ("upstream",)))
+        metrics.build(self, REJECT_REASONS)         # the families: fairlib/gateway/metrics.py
 
     # --- clock and tenants ------------------------------------------------------------------
     def now_ms(self) -> float:
@@ -182,36 +177,17 @@ class Gateway:
         return self.names[i] if i < len(self.names) else f"tenant{i}"
 
     def tenant_of(self, headers, bearer: Optional[str]) -> int:
-        """The tenant index of a request: the API key's tenant, else the fairness id header's,
-        else the default tenant; ``Unauthorized`` when the tenants file knows none of them."""
-        if bearer and bearer in self.by_key:
-            return self.by_key[bearer]
-        fid = None
-        for h in FAIRNESS_HEADERS:
-            v = headers.get(h)
-            if v:
-                fid = v.strip()
-                break
-        tt = self.cfg.tenants
-        if not tt.is_open:
-            if fid is not None and fid in self.by_name:
-                return self.by_name[fid]
-            if tt.default_tenant is not None:
-                return self.by_name[tt.default_tenant]
-            raise Unauthorized(f"no tenant {fid!r}: send a known fairness id ({FAIRNESS_HEADERS[0]}) or API key"
-                               if fid else f"no tenant: send the {FAIRNESS_HEADERS[0]} header or a tenant's API key")
-        name = fid or DEFAULT_TENANT
-        i = self.by_name.get(name)
-        if i is None:
-            if len(self.names) < self.cfg.max_tenants - 1:      # a new index
-                i = len(self.names)
-            else:                                               # the last index is shared: "other"
-                name = OVERFLOW_TENANT
-                i = self.by_name.get(name, len(self.names))
-            if name not in self.by_name:
-                self.names.append(name)
-                self.by_name[name] = i
-        return i
+        """The tenant index of a request, as :class:`~fairlib.gateway.identity.Identity` names it
+        (401, 403, 400 raised from there), then :meth:`tenant_index`."""
+        return self.tenant_index(self.identity.who(headers, bearer or "").name)
+
+    def tenant_index(self, fid: Optional[str]) -> int:
+        """The index of the tenant named ``fid`` (:func:`~fairlib.gateway.identity.tenant_index`)."""
+        return tenant_index(self.names, self.by_name, self.cfg, fid)
+
+    def count_rejected(self, tenant: str, reason: str) -> None:
+        """One request of ``tenant`` turned away for ``reason`` (REJECT_REASONS), in the metrics."""
+        self.m_rejected.inc(1, (tenant, reason))
 
     def tenant_config(self, i: int):
         tt = self.cfg.tenants.tenants
@@ -221,8 +197,10 @@ class Gateway:
     def open_slots(self) -> int:
         """How many may be in flight now, as the policy counts them: the healthy upstreams' slots,
         plus what still runs on the others, plus the finished streams whose step has not closed
-        (their slots are free upstream already; the policy sees them leave when the step closes)."""
-        return sum(u.max_inflight if u.available else len(u.in_flight) for u in self.upstreams) + self.finishing
+        (their slots are free upstream already; the policy sees them leave when the step closes),
+        plus the parked requests (the policy counts them as running; they hold no upstream slot)."""
+        return (sum(u.max_inflight if u.available else len(u.in_flight) for u in self.upstreams) + self.finishing
+                + min(self.share.n_parked, self.cfg.slots))
 
     def _pick(self) -> Optional[Upstream]:
         best = None
@@ -250,12 +228,11 @@ class Gateway:
             raise Rejected(429, "queue_full", f"tenant {name!r} has {cap} requests waiting (its queue cap)", 1.0)
         t_est = None
         if self.estimator is not None:
+            assert category is not None and tier is not None    # GatewayApp.admit: describe()'s, with an estimator
             t_est, est_output_tokens = self.estimator.budget(category, tier, int(prompt_tokens))
         if est_output_tokens is None and self.policy_name == "token_pool":
-            e = ValueError("the token pool reserves prompt + estimated output at admission: send max_tokens (or "
-                           "est_output_tokens), or run the gateway with --estimator")
-            e.param = "max_tokens"
-            raise e
+            raise ParamError("the token pool reserves prompt + estimated output at admission: send max_tokens (or "
+                             "est_output_tokens), or run the gateway with --estimator", "max_tokens")
         t = self.now_ms()
         rid, ok = self.gate.arrive(tenant, max(1, int(prompt_tokens)), t, est_output_tokens, klass, priority)
         if not ok:
@@ -273,12 +250,31 @@ class Gateway:
         return p
 
     def pump(self) -> None:
-        """Fill the open slots in the policy's order."""
-        if not self.gate.waiting:
-            return
+        """Fill the open slots in the policy's order: first the parked requests whose tenant has
+        room again (fairlib/gateway/share.py), then those the policy admits now."""
         t = self.now_ms()
+        if self.share.n_parked:
+            ready = self.share.ready()
+            for i, p in enumerate(ready):
+                up = self._pick()
+                if up is None:
+                    for q in reversed(ready[i:]):
+                        self.share.back(q)
+                    break
+                self._dispatch(p, up, t)
+        parked = True
+        while parked and self.gate.waiting:     # each parked request opens one more slot to the policy
+            parked = self._admit(t)
+
+    def _admit(self, t: float) -> bool:
+        """One round of the policy's admissions; True if one of them was parked."""
+        parked = False
         for rid in self.gate.admit(t, self.open_slots()):
             p = self.pending.get(rid)
+            if p is not None and not p.future.done() and self.share.full(p.tenant):
+                self.share.park(p)      # the policy counts it as running; it goes when its tenant has room
+                parked = True
+                continue
             up = self._pick()
             if p is None or p.future.done() or up is None:
                 # its client left between acceptance and now, or no slot on a healthy upstream
@@ -288,19 +284,26 @@ class Gateway:
                     self.m_rejected.inc(1, (self.tenant_name(p.tenant), "no_upstream"))
                     p.future.set_exception(Rejected(503, "no_upstream", "no upstream slot is free", 1.0))
                 continue
-            p.upstream, p.dispatched_ms = up, t
-            up.in_flight.add(rid)
-            up.dispatched += 1
-            up.tracker.dispatched(rid, t)
-            name = self.tenant_name(p.tenant)
-            self.m_admitted.inc(1, (name,))
-            self.m_prompt.inc(self.gate.request(rid)["prompt_tokens"], (name,))
-            self.m_wait.observe((t - p.arrival_ms) / 1e3, (name,))
-            p.future.set_result(up)
+            self._dispatch(p, up, t)
+        return parked
+
+    def _dispatch(self, p: Pending, up: Upstream, t: float) -> None:
+        rid = p.rid
+        p.upstream, p.dispatched_ms = up, t
+        up.in_flight.add(rid)
+        up.dispatched += 1
+        up.tracker.dispatched(rid, t)
+        self.share.sent(rid, p.tenant)
+        name = self.tenant_name(p.tenant)
+        self.m_admitted.inc(1, (name,))
+        self.m_prompt.inc(self.gate.request(rid)["prompt_tokens"], (name,))
+        self.m_wait.observe((t - p.arrival_ms) / 1e3, (name,))
+        p.future.set_result(up)
 
     def withdraw(self, p: Pending, reason: Optional[str] = None) -> None:
         """A waiting request leaves (client gone, queue timeout): out of its line."""
         if p.upstream is None:
+            self.share.unpark(p)            # admitted but parked: the policy counted it as running
             self.gate.withdraw(p.rid, self.now_ms())
             self.pending.pop(p.rid, None)
             if reason:
@@ -316,7 +319,7 @@ class Gateway:
         p.counted += k
         if p.max_tokens is not None and p.counted >= p.max_tokens:
             finished = True
-        up = p.upstream
+        up = p.sent_to
         newly = up.tracker.tokens(p.rid, t_ms, k, finished)
         self.m_output.inc(k, (self.tenant_name(p.tenant),))
         if newly:
@@ -329,12 +332,13 @@ class Gateway:
         until the step closes."""
         if rid in up.in_flight:
             up.in_flight.discard(rid)
+            self.share.freed(rid)
             self.finishing += 1
             self.pump()
 
     def finish_seen(self, p: Pending, t_ms: float) -> None:
         """A chunk with ``finish_reason`` and no tokens (llama.cpp's last chunk): the stream ends."""
-        up = p.upstream
+        up = p.sent_to
         if up.tracker.finish(p.rid, t_ms):
             self._finishing(up, p.rid)
         self._arm(up)
@@ -343,7 +347,7 @@ class Gateway:
         """The answer's ``usage.completion_tokens``: tokens the chunks did not show are added to
         the request's entry in the open step (a chunk that carried several tokens)."""
         extra = int(total) - p.counted
-        if extra > 0 and p.upstream.tracker.add_tokens(p.rid, extra):
+        if extra > 0 and p.sent_to.tracker.add_tokens(p.rid, extra):
             p.counted += extra
             self.m_output.inc(extra, (self.tenant_name(p.tenant),))
 
@@ -352,6 +356,7 @@ class Gateway:
         upstream's ``usage`` when it gave one, else those the stream showed)."""
         n = usage_tokens if isinstance(usage_tokens, int) and usage_tokens >= 0 else p.counted
         if self.estimator is not None and p.category is not None and n > 0:
+            assert p.tier is not None       # submit() keeps describe()'s category and tier together
             self.estimator.finished(p.category, p.tier, n, text)
 
     def release(self, p: Pending) -> None:
@@ -368,12 +373,13 @@ class Gateway:
     # --- steps ------------------------------------------------------------------------------
     def _on_step(self, up: Upstream, ids, toks, fin, dt, t) -> None:
         self.gate.observe(ids, toks, fin, dt, t)
-        self.m_steps.inc(1, (str(up.index),))
+        self.m_steps.inc(1, (up.url,))
         freed = False
         for r, f in zip(ids, fin):
             if f:
                 if r in up.in_flight:        # finished without passing through _finishing
                     up.in_flight.discard(r)
+                    self.share.freed(r)
                 else:
                     self.finishing -= 1
                 freed = True
@@ -384,6 +390,7 @@ class Gateway:
         self.late_finishes += 1
         self.gate.withdraw(rid, self.now_ms())
         up.in_flight.discard(rid)
+        self.share.freed(rid)
         self.pump()
 
     def _arm(self, up: Upstream) -> None:
@@ -400,21 +407,7 @@ class Gateway:
         self._arm(up)
 
     # --- upstream health --------------------------------------------------------------------
-    def mark(self, up: Upstream, ok: bool) -> None:
-        """One health check's (or a failed connection's) outcome."""
-        if ok:
-            up.misses = 0
-            if not up.healthy:
-                up.healthy = True
-                self._capacity_changed()
-                self.pump()
-        else:
-            up.misses += 1
-            if up.misses >= self.cfg.health_failures and up.healthy:
-                up.healthy = False
-                self._capacity_changed()
-
-    def drain(self, index: int, drained: bool) -> None:
+    def drain(self, index: object, drained: bool) -> None:
         """Take upstream ``index`` out (it gets no new request; those in it run to their end) or put
         it back: a replica removed from the pool and restored."""
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.upstreams):
@@ -422,10 +415,10 @@ class Gateway:
         up = self.upstreams[index]
         if up.drained != bool(drained):
             up.drained = bool(drained)
-            self._capacity_changed()
+            self.capacity_changed()
             self.pump()
 
-    def _capacity_changed(self) -> None:
+    def capacity_changed(self) -> None:
         """A pool policy learns how many replicas take requests now."""
         self.gate.set_replicas(sum(u.available for u in self.upstreams), self.now_ms())
 
@@ -445,7 +438,7 @@ class Gateway:
         for up in self.upstreams:
             up.tracker = self._tracker(up)
         if any(not u.available for u in self.upstreams):
-            self._capacity_changed()
+            self.capacity_changed()
 
     # --- state ------------------------------------------------------------------------------
     def state(self) -> dict:
@@ -462,25 +455,22 @@ class Gateway:
         return {"policy": self.policy_name, "policy_params": self.policy_params, "now_ms": self.now_ms(),
                 "t0_wall": self.t0_wall,
                 "in_flight": self.gate.in_flight, "waiting": self.gate.waiting, "pending": len(self.pending),
+                "parked": self.share.n_parked, "tenant_max_inflight": min(self.share.cap, self.cfg.slots),
                 "finishing": self.finishing,
                 "estimator": None if self.estimator is None else self.estimator.state(),
                 "late_finishes": self.late_finishes,
                 "replicas_available": sum(u.available for u in self.upstreams), "stopping": self.stopping,
                 "upstreams": [{"url": u.url, "healthy": u.healthy, "drained": u.drained, "in_flight": len(u.in_flight),
                                "max_inflight": u.max_inflight, "dispatched": u.dispatched, "failures": u.failures,
-                               "steps": u.tracker.steps, "step_tol_ms": u.tracker.tol_ms} for u in self.upstreams],
+                               "retried": u.retried, "broken": u.broken,
+                               "steps": u.tracker.steps, "step_tol_ms": u.tracker.tol_ms,
+                               "credit": None if u.credit is None else {**u.credit.state(), "source": u.credit_source,
+                                                                        "scrape_errors": u.scrape_errors,
+                                                                        "from_streams": u.from_streams}}
+                              for u in self.upstreams],
                 "tenants": tenants, "gate": self.gate.spec}
 
-    def render_metrics(self) -> str:
-        ts = self.gate.tenant_state()
-        for i in range(len(self.names)):
-            name = (self.tenant_name(i),)
-            self.m_waiting.set(ts["waiting"][i], name)
-            self.m_inflight.set(ts["in_flight"][i], name)
-            self.m_residency.set_total(ts["machine_ms"][i], name)
-            if "counter" in ts:
-                self.m_counter.set(ts["counter"][i], name)
-        for u in self.upstreams:
-            self.m_up_inflight.set(len(u.in_flight), (str(u.index),))
-            self.m_up_healthy.set(1.0 if u.healthy else 0.0, (str(u.index),))
-        return self.registry.render()
+    def render_metrics(self, accept: Optional[str] = None) -> tuple:
+        """``(body, content type)`` of ``/metrics`` for a scraper that sent ``Accept: accept``."""
+        metrics.update(self)
+        return self.registry.exposition(accept)

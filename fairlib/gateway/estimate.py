@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Optional
 
 from fairlib.drift import CATEGORIES, TIERS, DriftEstimator
+from fairlib.protocol.wire import ParamError
 
 __all__ = ["GatewayEstimator", "HeaderError", "CATEGORY_HEADER", "TIER_HEADER", "classify", "COUNTINGS"]
 
@@ -41,12 +42,11 @@ def classify(prompt) -> str:
     return "short_qa"
 
 
-class HeaderError(ValueError):
+class HeaderError(ParamError):
     """A bad estimator header; ``param`` names it (OpenAI's error JSON carries it)."""
 
     def __init__(self, param: str, message: str):
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param)
 
 
 class GatewayEstimator:
@@ -77,8 +77,9 @@ class GatewayEstimator:
         t = self.est.estimate(category, tier, input_len)
         return t, int(input_len) + t
 
-    def finished(self, category: str, tier: str, tokens: int, text: str) -> float:
-        """An answer came back: the factor learns from it; returns the new factor."""
+    def finished(self, category: str, tier: str, tokens: int, text: str) -> Optional[float]:
+        """An answer came back: the factor learns from it; returns the new factor (None when
+        the estimator is not adaptive)."""
         actual = tokens if self.counting == "tokens" else len(text.split())
         self.observed += 1
         return self.est.observe(category, tier, float(actual))

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
+import os
 import sys
-import time
 from typing import Optional
 
-from fairlib.gateway.app import GATEWAY, make_app
+from fairlib.gateway.app import GATEWAY, LISTENING, make_app
 from fairlib.gateway.config import GatewayConfig, load_tenants
 from fairlib.gateway.core import Gateway
-from fairlib.serve.config import load_engine_params
-from fairlib.servers import ChildServer, ThreadServer, port_number, run_until_signal, start_app
+from fairlib.gateway.identity import KEY_ENV, UPSTREAM_KEY_ENV, read_key
+from fairlib.servers import ChildServer, LocalServer, ThreadServer, port_number, run_from_args, run_until_signal, start_app
+from fairlib.sim.credit import DEFAULT_INTERVAL_S, DEFAULT_START, CreditOptions
+from fairlib.sim.engine import load_engine_params
 from fairlib.sim.policies import parse_policy_param
 
 __all__ = ["READY_PREFIX", "start", "serve_forever", "GatewayThread", "GatewayProcess", "add_arguments",
@@ -23,13 +24,17 @@ READY_PREFIX = "fairlib gateway: listening on "
 
 
 async def start(cfg: GatewayConfig):
-    """Bind and start; returns ``(runner, port)`` (``runner.app[GATEWAY]`` is the gateway)."""
-    return await start_app(make_app(Gateway(cfg)), cfg.host, cfg.port)
+    """Bind and start (then the health checks begin); returns ``(runner, port)``
+    (``runner.app[GATEWAY]`` is the gateway)."""
+    runner, port = await start_app(make_app(Gateway(cfg)), cfg.host, cfg.port)
+    runner.app[LISTENING]()
+    return runner, port
 
 
 def describe(cfg: GatewayConfig, port: int) -> str:
     params = f" {cfg.policy_params}" if cfg.policy_params else ""
-    ups = ", ".join(f"{u} ({m} slots)" for u, m in zip(cfg.upstreams, cfg.max_inflight))
+    what = "slots" if cfg.credit is None else "slots to start, auto"
+    ups = ", ".join(f"{u} ({m} {what})" for u, m in zip(cfg.upstreams, cfg.max_inflight))
     tenants = "open" if cfg.tenants.is_open else f"{len(cfg.tenants.tenants)} tenants"
     return f"{READY_PREFIX}http://{cfg.host}:{port}/v1 (policy {cfg.policy}{params}; {tenants}; upstreams {ups})"
 
@@ -37,17 +42,36 @@ def describe(cfg: GatewayConfig, port: int) -> str:
 async def drain(runner, timeout_s: float) -> bool:
     """After a stop signal: take no new request (503 with Retry-After, ``/health`` 503) and wait
     up to ``timeout_s`` for those waiting and in flight to end (their streams run to the end).
-    Returns whether they all ended."""
+    Returns whether they all ended; when not (the timeout, or a second signal: this task is
+    cancelled), the requests still running are cancelled at once, so the exit follows within a
+    fraction of a second. A line at the start and at the end says what was in flight."""
     gw = runner.app[GATEWAY]
     gw.stopping = True
-    deadline = time.monotonic() + timeout_s
-    while not gw.idle() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    gw.log.event("drain_start", "info", f"a stop signal: draining (new requests get 503) for at most {timeout_s:g} s",
+                 in_flight=gw.gate.in_flight, waiting=gw.gate.waiting)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    try:
+        while not gw.idle() and loop.time() < deadline:
+            await asyncio.sleep(min(0.02, max(0.0, deadline - loop.time())))
+    except asyncio.CancelledError:
+        cut(gw, "a second stop signal")
+        raise
     if not gw.idle():
-        print(f"fairlib gateway: {gw.gate.in_flight} in flight and {gw.gate.waiting} waiting after "
-              f"{timeout_s:g} s of draining: stopping them", file=sys.stderr, flush=True)
+        cut(gw, f"{timeout_s:g} s of draining")
         return False
+    gw.log.event("drain_end", "info", "drained: nothing in flight or waiting", in_flight=0, waiting=0)
     return True
+
+
+def cut(gw: Gateway, why: str) -> None:
+    """End a drain now: a warning line with what is still in flight, and every request handler
+    still running cancelled (its upstream connection closed: the engine aborts it)."""
+    gw.log.event("drain_cut", "warning", f"{gw.gate.in_flight} in flight and {gw.gate.waiting} waiting after {why}: "
+                 f"stopping them", in_flight=gw.gate.in_flight, waiting=gw.gate.waiting)
+    gw.cut_in_flight = gw.gate.in_flight + gw.gate.waiting
+    for task in list(gw.handlers):
+        task.cancel()
 
 
 def serve_forever(cfg: GatewayConfig, announce: bool = True) -> bool:
@@ -58,8 +82,9 @@ def serve_forever(cfg: GatewayConfig, announce: bool = True) -> bool:
                             drain=lambda runner: drain(runner, cfg.drain_timeout_s))
 
 
-class _Admin:
-    """The gateway's JSON routes, from the caller's side."""
+class _Admin(LocalServer):
+    """The gateway's JSON routes, from the caller's side (on a :class:`~fairlib.servers.LocalServer`:
+    its ``get_json``, ``get_text``, ``request``)."""
 
     def state(self) -> dict:
         return self.get_json("/admin/state")
@@ -96,7 +121,7 @@ class GatewayThread(_Admin, ThreadServer):
 
     @property
     def gateway(self) -> Gateway:
-        return self._runner.app[GATEWAY]
+        return self.runner.app[GATEWAY]
 
 
 class GatewayProcess(_Admin, ChildServer):
@@ -120,9 +145,20 @@ def add_arguments(p) -> None:
     p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE",
                    help="a policy parameter (VALUE parsed as JSON when it can be: limit=100, weights=[1,2]); "
                         "repeatable")
-    p.add_argument("--max-inflight", action="append", type=int, default=[], metavar="N",
-                   help="requests in each upstream at most: its max_num_seqs (default: the --cost-model's "
-                        "max_batch, else 16); once for all, or once per --upstream")
+    p.add_argument("--max-inflight", action="append", default=[], metavar="N|auto",
+                   help="requests in each upstream at most: 'auto' (the default) learns a credit per upstream "
+                        "from its /metrics (waiting and running requests), starting from the limit the engine "
+                        "states (vLLM max_num_seqs, llama.cpp total_slots), else the --cost-model's max_batch, "
+                        "else --credit-start; an integer is a fixed cap (its max_num_seqs), once for all or "
+                        "once per --upstream")
+    p.add_argument("--credit-start", type=int, help="--max-inflight auto: the credit's start when neither the "
+                                                    "engine nor --cost-model states a limit (default 16)")
+    p.add_argument("--credit-headroom", type=int, default=1,
+                   help="--max-inflight auto: requests allowed to wait inside the engine, >= 1 (h: the credit "
+                        "settles at the engine's batch + h); default 1")
+    p.add_argument("--credit-interval-s", type=float, default=DEFAULT_INTERVAL_S,
+                   help=f"--max-inflight auto: seconds between reads of each upstream's /metrics (default "
+                        f"{DEFAULT_INTERVAL_S:g})")
     p.add_argument("--cost-model", metavar="FILE",
                    help="a fairlib fit or probe result (JSON): max_inflight defaults to its max_batch, the "
                         "residency charge's prefill price to its prefill_ms_per_token, token_pool's decode "
@@ -139,12 +175,35 @@ def add_arguments(p) -> None:
     p.add_argument("--step-tol-ms", default="auto",
                    help="clustering tolerance of the decode-step reconstruction (ms, or 'auto')")
     p.add_argument("--health-interval-s", type=float, default=1.0, help="how often each upstream's /health is asked")
-    p.add_argument("--upstream-api-key", help="sent to the upstreams as 'Authorization: Bearer KEY'")
-    p.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY' (or a tenant's own key)")
+    p.add_argument("--upstream-api-key", help="sent to the upstreams as 'Authorization: Bearer KEY' (visible in "
+                                              f"ps: prefer --upstream-api-key-file or ${UPSTREAM_KEY_ENV})")
+    p.add_argument("--upstream-api-key-file", metavar="FILE", help="the upstream key: the file's first line")
+    p.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY' (or a tenant's own key); it "
+                                     "names the default tenant (visible in ps: prefer --api-key-file or "
+                                     f"${KEY_ENV})")
+    p.add_argument("--api-key-file", metavar="FILE", help="the --api-key: the file's first line")
+    p.add_argument("--trust-api-key", action="store_true",
+                   help="the --api-key is a front proxy's: its requests' fairness header names the tenant")
     p.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1, loopback)")
     p.add_argument("--port", type=port_number, default=8080,
                    help="0..65535; 0 picks a free port (printed on the ready line); default 8080")
-    p.add_argument("--no-events", action="store_true", help="keep no event log (/admin/events is then empty)")
+    ev = p.add_mutually_exclusive_group()
+    ev.add_argument("--events", action="store_true",
+                    help="keep the policy's event log for /admin/events (the replay and the chapters read it); it "
+                         "grows with every streamed token (~0.5 kB each): for experiments, not for a long-running "
+                         "gateway")
+    ev.add_argument("--no-events", action="store_true", help="keep no event log (the default)")
+    p.add_argument("--upstream-idle-timeout-s", type=float, default=60.0,
+                   help="an upstream read that brings no byte for this long ends the request (502, or an error "
+                        "event mid-stream), frees its slot and takes the upstream out until its health check "
+                        "passes; default 60")
+    p.add_argument("--tenant-max-share", type=float, default=0.9, metavar="F",
+                   help="one tenant holds at most max(1, min(slots - 1, floor(F x slots))) slots, under any policy, "
+                        "so that one tenant's stalled streams cannot take them all; its other requests wait in "
+                        "its own line; 1: no cap; default 0.9")
+    p.add_argument("--access-log", default="-", metavar="FILE",
+                   help="one JSON line per request (tenant, upstream, status, queue wait, TTFT, tokens, reason; "
+                        "never a key or a prompt) to FILE, '-' for stderr (the default) or 'off'")
     p.add_argument("--estimator", choices=["tokens", "words"],
                    help="estimate each answer's length (DriftSched's estimator, corrected by the answers; "
                         "counting tokens or whitespace words) and give sjf the budget; category from the "
@@ -156,9 +215,24 @@ def add_arguments(p) -> None:
                         "flight end for at most this long, then stop (a second signal stops at once); default 30")
 
 
+def inflight_from_args(a, engine: dict) -> tuple:
+    """``(max_inflight, credit options or None, credit start)`` from ``--max-inflight`` (integers:
+    fixed caps; absent or 'auto': a credit), ``--credit-start``, ``--credit-interval-s`` and the
+    cost model's ``max_batch``."""
+    vals = [str(v).strip().lower() for v in a.max_inflight] or ["auto"]
+    start = a.credit_start if a.credit_start is not None else int(engine.get("max_batch") or DEFAULT_START)
+    if vals == ["auto"]:
+        return ("auto",), CreditOptions(headroom=a.credit_headroom, interval_s=a.credit_interval_s), start
+    try:
+        return tuple(int(v) for v in vals), None, start
+    except ValueError:
+        raise ValueError(f"--max-inflight must be 'auto' or integers >= 1 (once, or once per --upstream), "
+                         f"got {a.max_inflight}") from None
+
+
 def config_from_args(a) -> GatewayConfig:
     engine = load_engine_params(a.cost_model) if a.cost_model else {}
-    mi = a.max_inflight or [int(engine.get("max_batch") or 16)]
+    mi, credit, start = inflight_from_args(a, engine)
     pm = a.prefill_ms_per_token if a.prefill_ms_per_token is not None else float(engine.get("prefill_ms_per_token")
                                                                                   or 0.0)
     st = a.step_tol_ms
@@ -172,30 +246,28 @@ def config_from_args(a) -> GatewayConfig:
                          max_inflight=tuple(mi), tenants=load_tenants(a.tenants), max_tenants=a.max_tenants,
                          host=a.host, port=a.port, prefill_ms_per_token=pm, max_queue=a.max_queue,
                          queue_timeout_s=a.queue_timeout_s, step_tol_ms=st, health_interval_s=a.health_interval_s,
-                         upstream_api_key=a.upstream_api_key or None, api_key=a.api_key or None,
-                         record_events=not a.no_events, estimator=a.estimator, estimator_key=a.estimator_key,
+                         credit=credit, credit_start=start,
+                         upstream_api_key=read_key(a.upstream_api_key, a.upstream_api_key_file, UPSTREAM_KEY_ENV,
+                                                   "upstream-api-key"),
+                         api_key=read_key(a.api_key, a.api_key_file, KEY_ENV, "api-key"), trust_api_key=a.trust_api_key,
+                         record_events=a.events, upstream_idle_timeout_s=a.upstream_idle_timeout_s,
+                         access_log=None if a.access_log == "off" else a.access_log,
+                         tenant_max_share=a.tenant_max_share, estimator=a.estimator, estimator_key=a.estimator_key,
                          drain_timeout_s=a.drain_timeout_s,
                          cost_model=({k: engine[k] for k in ("iter_base_ms", "iter_slope_ms", "prefill_ms_per_token",
                                                              "max_batch") if engine.get(k) is not None} or None))
 
 
 def gateway_from_args(a) -> int:
-    """``fairlib gateway``: the parsed options to a running gateway (until SIGINT, SIGTERM or SIGHUP,
-    then a drain: exit 0, or 1 when the drain was cut). Errors are one line on stderr: a bad option (exit 2), a port that cannot be bound
-    (exit 1), Ctrl-C before it listens (exit 130)."""
-    try:
-        cfg = config_from_args(a)
-    except (ValueError, OSError) as e:
-        print(f"fairlib gateway: {e}", file=sys.stderr, flush=True)
-        return 2
-    try:
-        drained = serve_forever(cfg)
-    except KeyboardInterrupt:
-        print("fairlib gateway: interrupted (SIGINT) while starting; nothing served", file=sys.stderr, flush=True)
-        return 130
-    except OSError as e:
-        why = "the port is in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
-        print(f"fairlib gateway: cannot listen on {cfg.host}:{cfg.port}: {why} (--port: another port in 0..65535, "
-              f"or 0 for a free one)", file=sys.stderr, flush=True)
-        return 1
-    return 0 if drained else 1
+    """``fairlib gateway``: the parsed options to a running gateway (until SIGINT, SIGTERM or
+    SIGHUP, then a drain: exit 0, or 1 when the drain was cut). Errors are one line on stderr: a
+    bad option (exit 2), a port that cannot be bound (exit 1), Ctrl-C before it listens (exit 130).
+    A cut drain (exit 1) ends the process at once, its output flushed: the interpreter's own
+    teardown (1-2 s with the compiled kernels loaded) would make the drain timeout and the second
+    signal late by that much."""
+    code = run_from_args("fairlib gateway", a, config_from_args, serve_forever, (ValueError, OSError))
+    if code == 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

@@ -111,6 +111,15 @@ class StepTracker:
             self.on_late(rid)
         return None
 
+    def forget(self, rid: int) -> bool:
+        """``rid`` never reached this upstream (its connection failed before any byte): it leaves
+        without a step. False when it had already emitted here (then it must :meth:`finish`)."""
+        s = self.streams.get(rid)
+        if s is None or s[1] or rid in self.entries:
+            return False
+        del self.streams[rid]
+        return True
+
     def poll(self, t_ms: float) -> None:
         """Close the open step if its tolerance has passed at ``t_ms``."""
         if self.open_t is not None and t_ms - self.open_t > self.tol_ms:

@@ -161,7 +161,7 @@ def from_simulation(result: SimResult, scenario=None, seed: Optional[int] = None
     pre = req["preemptions"].to_numpy(np.int64)
     rows = []
     for r in range(n):
-        send_s = arr[r] / 1e3
+        send_s = float(arr[r]) / 1e3
         times = [float(x) / 1e3 for x in token_times[r]]
         finished = not np.isnan(fin[r])
         rec = dict.fromkeys(RECORD_FIELDS)
@@ -191,12 +191,12 @@ def from_simulation(result: SimResult, scenario=None, seed: Optional[int] = None
                                      "charged_ms": float(charged[r]), "preemptions": int(pre[r])}
         if times:
             rec["first_token_s"], rec["last_token_s"] = times[0], times[-1]
-            rec["ttft_s"] = times[0] - send_s
+            ttft = rec["ttft_s"] = times[0] - send_s
             rec["end_s"] = times[-1]
             if finished:
-                rec["e2e_s"] = times[-1] - send_s
+                e2e = rec["e2e_s"] = times[-1] - send_s
                 if gen[r] > 1:
-                    rec["tpot_s"] = (rec["e2e_s"] - rec["ttft_s"]) / (int(gen[r]) - 1)
+                    rec["tpot_s"] = (e2e - ttft) / (int(gen[r]) - 1)
         rows.append(rec)
     df = pd.DataFrame.from_records(rows, columns=list(RECORD_FIELDS)) if rows else pd.DataFrame(columns=list(RECORD_FIELDS))
     return df
@@ -225,8 +225,44 @@ def simulate_records(scenario, seed: int, policy=None, horizon_ms: Optional[floa
 
 def simulate_run(scenario, seed: int, policy=None, horizon_ms: Optional[float] = None, api: str = "completions",
                  **params) -> Run:
-    """As :func:`simulate_records`, returning a :class:`Run` (records, config, summary and the
-    ``SimResult``), ready for ``fairlib.analysis`` or :func:`write_run_dir`."""
+    """Simulate one run of ``scenario`` for ``seed``: a :class:`Run` (records, config, summary and
+    the ``SimResult``), ready for ``fairlib.analysis`` or :func:`write_run_dir`.
+
+    The requests are ``scenario.requests(seed)``; ``fairlib.simulate`` runs them with a token
+    trace, so that every record has the same fields as a measured one (``from_simulation``). A
+    policy taking weights gets the tenants' ``weight`` fields when ``params`` give none
+    (``Scenario.policy_params``).
+
+    Parameters
+    ----------
+    scenario : ScenarioSpec or Scenario
+        What to run (``fairlib.scenarios.load``, or a bare ``fairlib.workload.Scenario``).
+    seed : int
+        The seed of its requests.
+    policy : str or Policy, optional
+        The simulator's policy (``make_policy``); ``None`` is the spec's own policy (with its
+        ``policy_params`` under ``params``), else ``"fcfs"``.
+    horizon_ms : float, optional
+        Simulated time (ms, > 0) at which the run stops; ``None`` runs until every request
+        finished (those in flight at the horizon are recorded ``interrupted``).
+    api : {"completions", "chat"}, default "completions"
+        The ``api`` the records name (what a measured run would have sent).
+    **params
+        The policy's parameters.
+
+    Returns
+    -------
+    Run
+        ``records`` (``RECORD_COLUMNS``; requests a policy rejected are ``http_429``, those the
+        engine can never run ``http_4xx``), ``config`` (``sim_config``: ``backend="sim"``, the
+        engine, the policy, the scenario in ``extra``), ``summary`` (``records_summary``),
+        ``path=None`` and ``sim``.
+
+    Raises
+    ------
+    ValueError
+        For what ``fairlib.simulate`` refuses (an unknown policy or parameter, a bad horizon).
+    """
     sc, spec, policy, params = _resolve(scenario, policy, params)
     req = sc.requests(seed)
     result, times = trace_simulation(req, sc.engine, policy, horizon_ms, tenant_names=list(sc.tenant_names), **params)

@@ -20,16 +20,18 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Optional
+from urllib.parse import urlsplit
 
 import numpy as np
 import pandas as pd
 
 from fairlib.records.rundir import RunDir, load_records, read_json, records_path
 from fairlib.records.schema import RECORD_FIELDS
-from fairlib.records.summary import MAX_ERROR_RATE, summarize
+from fairlib.records.summary import MAX_ERROR_RATE, error_messages, summarize
 from fairlib.sim.simulate import SimResult
 
-__all__ = ["RECORD_COLUMNS", "Run", "backend_of", "write_run_dir", "load_run", "records_summary"]
+__all__ = ["RECORD_COLUMNS", "Run", "backend_of", "default_label", "write_run_dir", "load_run", "records_summary",
+           "directory_of"]
 
 #: The columns of a run's records, either backend (``load_records``, ``from_simulation``): the record fields.
 RECORD_COLUMNS = tuple(RECORD_FIELDS)
@@ -51,19 +53,62 @@ def backend_of(config: Optional[dict], summary: Optional[dict] = None, has_sim: 
     return "unknown"
 
 
+def default_label(backend: str, policy: Optional[str] = None, endpoint: Optional[str] = None) -> str:
+    """The setup a run measured, when it names none (``--label``): ``<backend>:<policy>`` (the
+    simulator's policy, or the ``--server-policy`` a measured run was told), else for a measured
+    run ``http:<host:port>`` of its endpoint (a gateway and the engine behind it differ there),
+    else the backend alone."""
+    if policy:
+        return f"{backend}:{policy}"
+    if endpoint:
+        host = urlsplit(str(endpoint)).netloc.rpartition("@")[2]
+        if host:
+            return f"{backend}:{host}"
+    return str(backend)
+
+
 @dataclass
 class Run:
     """One run of either backend: its records, resolved configuration and summary.
 
     ``config["extra"]["scenario"]`` holds the scenario (``ScenarioSpec.to_dict()``: SLOs, tenant
     names, duration, victim); ``config["extra"]["backend"]`` is ``"sim"`` or ``"http"``
-    (:attr:`backend` reads it, or whatever else the run records: :func:`backend_of`)."""
+    (:attr:`backend` reads it, or whatever else the run records: :func:`backend_of`). The
+    properties read the config: ``name``, ``seed``, ``label``, ``tenant_names``, ``slos``
+    (tenant -> ``(ttft_ms, tpot_ms)``) and ``duration_s`` (the load window, s).
+
+    Parameters
+    ----------
+    records : pandas.DataFrame
+        One row per request, the columns :data:`RECORD_COLUMNS` (``load_records``,
+        ``from_simulation``).
+    config : dict, optional
+        The run's ``config.json`` (default empty).
+    summary : dict, optional
+        The run's ``summary.json`` (default empty; :func:`records_summary` makes one).
+    path : str, optional
+        The run directory it was read from or written to; ``None`` for a run only in memory.
+    sim : SimResult, optional
+        The simulator's own result, for a simulated run in memory.
+    """
 
     records: pd.DataFrame
     config: dict = field(default_factory=dict)
     summary: dict = field(default_factory=dict)
     path: Optional[str] = None
     sim: Optional[SimResult] = None   # the simulator's own result, for a simulated run in memory
+
+    @property
+    def dir(self) -> Path:
+        """The run directory (``ValueError`` for a run only in memory): :func:`directory_of`."""
+        return directory_of(self)
+
+    @property
+    def sim_result(self) -> SimResult:
+        """The simulator's own result (``ValueError`` for a measured or a reloaded run)."""
+        if self.sim is None:
+            raise ValueError(f"run {self.name!r} carries no SimResult (only a simulated run in memory does)")
+        return self.sim
 
     @property
     def extra(self) -> dict:
@@ -86,6 +131,16 @@ class Run:
         """``"sim"``, ``"http"`` (or another name the config gives), ``"unknown"`` when the run
         records none: :func:`backend_of`."""
         return backend_of(self.config, self.summary, self.sim is not None)
+
+    @property
+    def label(self) -> str:
+        """The setup this run measured: ``config.json``'s ``extra.label`` (``--label``), else
+        :func:`default_label` of its backend, policy and endpoint (runs made before labels)."""
+        if self.extra.get("label"):
+            return str(self.extra["label"])
+        pol = self.config.get("policy")
+        pol = self.extra.get("policy") or (pol.get("name") if isinstance(pol, dict) else pol)
+        return default_label(self.backend, pol, (self.config.get("endpoint") or {}).get("base_url"))
 
     @property
     def tenant_names(self) -> list:
@@ -114,6 +169,14 @@ class Run:
         return float(s.max()) if len(s) and s.max() > 0 else float("nan")
 
 
+def directory_of(run) -> Path:
+    """The directory of ``run`` (a :class:`Run`, or anything with a ``path``); ``ValueError`` for a
+    run only in memory."""
+    if run.path is None:
+        raise ValueError("the run is only in memory: it has no run directory")
+    return Path(run.path)
+
+
 def records_summary(records: pd.DataFrame, config: Optional[dict] = None, finished: bool = True) -> dict:
     """``summary.json`` for records (the client's own ``summarize``): outcome counts, schedule
     lag, validity, requested vs achieved rate, and the backend the config records
@@ -133,7 +196,8 @@ def records_summary(records: pd.DataFrame, config: Optional[dict] = None, finish
     n_planned = sched.get("n_requests", len(records))
     out = summarize(rows, n_planned=n_planned, requested_rate_rps=requested,
                     lag_threshold_ms=float(config.get("lag_threshold_ms", 10.0)), interrupted=not finished,
-                    max_error_rate=float(config.get("max_error_rate", MAX_ERROR_RATE)))
+                    max_error_rate=float(config.get("max_error_rate", MAX_ERROR_RATE)),
+                    messages=error_messages(zip(records["error_class"], records["error_message"])))
     if not finished:
         out["valid_reason"] = "no summary.json (the run did not finish): " + out["valid_reason"]
     out["backend"] = backend_of(config)
@@ -160,7 +224,7 @@ def jsonable(v):
 
 
 def _local_env(backend: str) -> dict:
-    pk = {}
+    pk: dict = {}
     for name in ("numpy", "pandas", "numba", "fairlib"):
         try:
             pk[name] = metadata.version(name)
@@ -192,9 +256,28 @@ def write_run_dir(records: pd.DataFrame, run_dir, config: dict, summary: Optiona
 
 
 def load_run(run_dir) -> Run:
-    """A run directory of either backend as a :class:`Run` (records via ``load_records``). Without
-    ``summary.json`` (a client killed before writing it) the summary is rebuilt from the records
-    as an unfinished run: planned count from ``config.json``, interrupted, not valid."""
+    """A run directory of either backend as a :class:`Run` (records via ``load_records``).
+
+    Without ``summary.json`` (a client killed before writing it) the summary is rebuilt from the
+    records as an unfinished run: planned count from ``config.json``, interrupted, not valid.
+
+    Parameters
+    ----------
+    run_dir : str or pathlib.Path
+        A directory holding ``records.jsonl`` (or ``records.jsonl.gz``; usually also
+        ``config.json`` and ``summary.json``).
+
+    Returns
+    -------
+    Run
+        Its records, config (empty without ``config.json``), summary and ``path``.
+
+    Raises
+    ------
+    ValueError
+        When ``run_dir`` holds no records, or one of its files is damaged (not JSON: the
+        message names the file and line).
+    """
     p = Path(run_dir)
     if not records_path(p).exists():
         raise ValueError(f"{p} is not a run directory (no records.jsonl)")

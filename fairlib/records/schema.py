@@ -9,7 +9,7 @@ completion_tokens from ``usage`` (or token ids), never from the chunk count. TPO
 answer (``streamed: false``) or one chunk carrying them all (``n_token_chunks`` 1).
 
 ``chunk_tokens`` are the tokens of each token chunk and ``chunk_tokens_source`` says where they
-come from (``usage`` deltas, ``token_ids``, or ``text``: the rule in ``fairlib.client.sse``).
+come from (``usage`` deltas, ``token_ids``, or ``text``: the rule in ``fairlib.client.stream``).
 ``nonfinite`` lists where the server's JSON held ``NaN``/``Infinity`` (read as ``null``).
 ``error_message`` is ``None`` for a success (``error_class`` ``"none"``); ``retry_reason`` says
 why a request was sent a second time (a keep-alive connection the server had closed as it left),

@@ -1,29 +1,28 @@
-"""``summary.json``: outcome counts and the run's own validity (completeness, schedule lag, rate).
+"""``summary.json``: outcome counts and the run's own validity (completeness, schedule lag, errors).
 
-A run is ``valid`` only when all four hold (``valid_reason`` names each that fails):
+A run is ``valid`` only when all five hold (``valid_reason`` names each that fails):
 
 - complete: every planned request was sent and recorded (``n_sent == n_records == n_planned``)
   and the run was not interrupted (a signal, an exception, a killed client);
 - at least one request succeeded (``n_ok >= 1``: an unreachable endpoint measures nothing);
 - every record was written as measured (no ``record_error``);
 - p99 schedule lag <= ``lag_threshold_ms``, where lag = actual - intended send time over the sent
-  requests: above it the client fell behind, and its latencies would partly be the client's.
+  requests: above it the client fell behind, and its latencies would partly be the client's;
+- the failed requests are at most ``max_error_rate`` (default :data:`MAX_ERROR_RATE`, 1%) of the
+  answered ones: a run whose server failed more of them measured a broken setup (a wrong model,
+  a full tenant table, an overloaded proxy), not the policy it was meant to measure.
 
-Validity is about the measurement, not the server: a run in which the server answered most
-requests with errors measured that faithfully (errors are a result). So the server's failures are
-reported beside validity, and loudly:
+Outcomes: ``n_ok`` (class ``none``); ``n_refused``: HTTP 429, a rate limit or an admission
+control saying no (a policy's decision, measured faithfully: it is reported, never a failure);
+``n_errors``: every other class but ``interrupted`` (HTTP 4xx/5xx, timeouts, disconnects, short
+streams, ...); ``error_rate`` = ``n_errors / (n_ok + n_refused + n_errors)`` (``None`` when
+nothing was answered), ``error_rate_exceeded`` = ``error_rate > max_error_rate``.
+``error_messages`` (:func:`error_messages`): the first distinct messages of the failed and
+refused requests with their counts, in order of first appearance (what the console prints).
 
-- ``n_errors``: the answered requests that failed (every class but ``none`` and ``interrupted``:
-  HTTP errors, timeouts, disconnects, short streams, ...); ``error_rate`` = ``n_errors / (n_ok +
-  n_errors)`` (``None`` when nothing was answered);
-- ``error_rate_exceeded``: ``error_rate > max_error_rate`` (default :data:`MAX_ERROR_RATE`, 0.5:
-  most answered requests failed); then ``warnings`` says so (also for a valid run) and
-  :func:`exit_status` gives 3, not 0, so a script never takes it for a clean success.
-
-``exit_status(summary)`` is ``fairlib run``'s exit status: 0 complete, valid and the error rate
-within ``max_error_rate``; 1 invalid or incomplete; 3 valid but ``error_rate_exceeded``;
-128 + the signal's number when a signal stopped the run (``stopped_by``: 129 SIGHUP, 130 SIGINT
-or a KeyboardInterrupt, 131 SIGQUIT, 143 SIGTERM).
+``exit_status(summary)`` is ``fairlib run``'s exit status: 0 complete and valid; 1 invalid or
+incomplete (the error rate included); 128 + the signal's number when a signal stopped the run
+(``stopped_by``: 129 SIGHUP, 130 SIGINT or a KeyboardInterrupt, 131 SIGQUIT, 143 SIGTERM).
 
 Requested rate = (n - 1) / span of the planned send offsets; achieved rate = (n_sent - 1) / span
 of the actual send times.
@@ -38,10 +37,13 @@ import numpy as np
 
 from fairlib.records.schema import ERROR_CLASSES
 
-__all__ = ["summarize", "lag_stats", "exit_status", "MAX_ERROR_RATE", "EXIT_ERROR_RATE"]
+__all__ = ["summarize", "lag_stats", "exit_status", "error_messages", "MAX_ERROR_RATE", "REFUSED_CLASSES",
+           "N_MESSAGES"]
 
-MAX_ERROR_RATE = 0.5   # above it (most answered requests failed) a valid run still exits non-zero
-EXIT_ERROR_RATE = 3    # fairlib run's exit status for a valid run whose error rate is above it
+MAX_ERROR_RATE = 0.01   # more failed requests than this share of the answered ones: the run is invalid
+#: Error classes of a deliberate refusal (a rate limit, an admission control): not failures.
+REFUSED_CLASSES = ("http_429",)
+N_MESSAGES = 5          # distinct error messages kept in the summary
 
 
 def lag_stats(lags_ms) -> dict:
@@ -60,13 +62,28 @@ def _rate(times) -> Optional[float]:
     return (len(times) - 1) / span if span > 0 else None
 
 
+def error_messages(records: Iterable[tuple], limit: int = N_MESSAGES) -> list:
+    """The first ``limit`` distinct messages of the failed and refused requests, in order of first
+    appearance, with their counts: ``[{"error_class", "message", "count"}]``. ``records``:
+    ``(error_class, error_message)`` pairs (every record; successes and ``interrupted`` ones are
+    skipped). Messages are compared whole (up to 300 characters)."""
+    seen: dict = {}
+    for cls, msg in records:
+        if cls in ("none", "interrupted"):
+            continue
+        key = (str(cls), " ".join(str(msg or "(no message)").split())[:300])
+        seen[key] = seen.get(key, 0) + 1
+    return [{"error_class": c, "message": m, "count": n} for (c, m), n in list(seen.items())[:limit]]
+
+
 def summarize(rows: Iterable[tuple], *, n_planned: int, requested_rate_rps: Optional[float],
               lag_threshold_ms: float = 10.0, interrupted: bool = False, stopped_by: Optional[str] = None,
               t0_wall: Optional[float] = None, t_end_wall: Optional[float] = None,
-              max_error_rate: float = MAX_ERROR_RATE) -> dict:
+              max_error_rate: float = MAX_ERROR_RATE, messages: Optional[list] = None) -> dict:
     """``rows``: ``(intended_send_s, actual_send_s, error_class)`` per record; ``stopped_by``: what
     ended the run early (``"SIGINT"``, ``"SIGTERM"``, ``"SIGHUP"``, an exception's name), named in
-    the reason; ``max_error_rate`` (0 to 1): the error rate above which the summary warns."""
+    the reason; ``max_error_rate`` (0 to 1): the share of failed answers above which the run is
+    invalid; ``messages``: :func:`error_messages` of the records (kept as ``error_messages``)."""
     if not 0.0 <= float(max_error_rate) <= 1.0:
         raise ValueError(f"max_error_rate must be between 0 and 1, got {max_error_rate}")
     rows = list(rows)
@@ -79,7 +96,11 @@ def summarize(rows: Iterable[tuple], *, n_planned: int, requested_rate_rps: Opti
     complete = not interrupted and len(sent) == len(rows) == n_planned
     lag_ok = lag["p99"] is not None and lag["p99"] <= lag_threshold_ms
     unwritten = counts.get("record_error", 0)  # records the writer could not keep as measured
-    valid = complete and counts["none"] > 0 and lag_ok and not unwritten
+    n_refused = sum(counts.get(k, 0) for k in REFUSED_CLASSES)
+    n_errors = sum(v for k, v in counts.items() if k not in ("none", "interrupted") and k not in REFUSED_CLASSES)
+    answered = counts["none"] + n_refused + n_errors
+    error_rate = n_errors / answered if answered else None
+    exceeded = error_rate is not None and error_rate > max_error_rate
     failed = []
     if not complete:
         how = f"interrupted by {stopped_by}" if stopped_by else ("interrupted" if interrupted else "incomplete")
@@ -87,22 +108,22 @@ def summarize(rows: Iterable[tuple], *, n_planned: int, requested_rate_rps: Opti
     if counts["none"] == 0:
         errs = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
         failed.append("no request succeeded" + (f" ({errs})" if errs else ""))
+    elif exceeded:
+        errs = ", ".join(f"{k} {v}" for k, v in counts.items()
+                         if v and k not in ("none", "interrupted") and k not in REFUSED_CLASSES)
+        failed.append(f"{n_errors} of {answered} answered requests failed ({100 * (error_rate or 0.0):.1f}% > "
+                      f"--max-error-rate {100 * max_error_rate:g}%: {errs})")
     if unwritten:
         failed.append(f"{unwritten} record(s) could not be written as measured (record_error)")
     if lag["p99"] is not None and not lag_ok:
         failed.append(f"p99 schedule lag {lag['p99']:.3f} ms > {lag_threshold_ms} ms: the client fell behind")
-    n_errors = sum(v for k, v in counts.items() if k not in ("none", "interrupted"))
-    answered = counts["none"] + n_errors
-    error_rate = n_errors / answered if answered else None
-    exceeded = error_rate is not None and error_rate > max_error_rate
+    valid = not failed
     warnings = []
-    if exceeded:
-        errs = ", ".join(f"{k} {v}" for k, v in counts.items() if v and k not in ("none", "interrupted"))
-        warnings.append(f"error rate {error_rate:.3f} > max_error_rate {max_error_rate:g}: {n_errors} of "
-                        f"{answered} answered requests failed ({errs})"
-                        + ("; the measurement itself is valid" if valid else ""))
+    if n_refused and answered and n_refused / answered > max_error_rate:
+        warnings.append(f"{n_refused} of {answered} answered requests were refused (HTTP 429: a rate limit or "
+                        f"an admission control); a policy's decision, not a failure")
     if valid:
-        reason = (f"complete ({n_planned} requests), {counts['none']} ok, {n_errors} errors, "
+        reason = (f"complete ({n_planned} requests), {counts['none']} ok, {n_refused} refused, {n_errors} failed, "
                   f"p99 schedule lag {lag['p99']:.3f} ms <= {lag_threshold_ms} ms")
     else:
         reason = "; ".join(failed)
@@ -112,10 +133,12 @@ def summarize(rows: Iterable[tuple], *, n_planned: int, requested_rate_rps: Opti
         "n_sent": len(sent),
         "n_not_sent": n_planned - len(sent),
         "n_ok": counts["none"],
+        "n_refused": n_refused,
         "n_errors": n_errors,
         "error_rate": error_rate,
         "max_error_rate": float(max_error_rate),
         "error_rate_exceeded": bool(exceeded),
+        "error_messages": list(messages or []),
         "warnings": warnings,
         "error_counts": counts,
         "schedule_lag_ms": lag,
@@ -135,13 +158,11 @@ def summarize(rows: Iterable[tuple], *, n_planned: int, requested_rate_rps: Opti
 
 def exit_status(summary: dict) -> int:
     """``fairlib run``'s exit status for a summary (the module docstring): 128 + the signal's
-    number when one stopped the run, 130 for a KeyboardInterrupt, 1 when invalid, 3
-    (``EXIT_ERROR_RATE``) when valid but ``error_rate_exceeded``, else 0."""
+    number when one stopped the run, 130 for a KeyboardInterrupt, 1 when invalid (also by its
+    error rate), else 0."""
     stopped = summary.get("stopped_by")
     if stopped == "KeyboardInterrupt":
         return 128 + signal.SIGINT
     if isinstance(stopped, str) and stopped.startswith("SIG") and stopped in signal.Signals.__members__:
         return 128 + int(signal.Signals[stopped])
-    if not summary.get("valid"):
-        return 1
-    return EXIT_ERROR_RATE if summary.get("error_rate_exceeded") else 0
+    return 0 if summary.get("valid") else 1

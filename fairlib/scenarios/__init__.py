@@ -69,307 +69,25 @@ model's cost ratio; a dict or the path of a JSON file (a probe result) may carry
 """
 from __future__ import annotations
 
-import json
 import math
-import re
 import tomllib
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
-import numpy as np
-
-from fairlib.sim.engine import SEED000_ENGINE, Engine
-from fairlib.workload import (Constant, Empirical, Gamma, Geometric, LogNormal, OnOff, Periodic, Poisson,
-                              Scenario, Tenant, Uniform)
+from fairlib.scenarios.fields import (TENANT_KEYS, TOP_KEYS, FieldReader, arrival, capacity_input, engine_table,
+                                      length)
+from fairlib.scenarios.spec import (NAME_RULE, SLO, ScenarioSpec, check_name, engine_capacity_rps,
+                                    is_plain_name)
+from fairlib.sim.engine import Engine
 from fairlib.sim.policies import POLICIES
+from fairlib.workload import Scenario, TenantSpec
 
 __all__ = ["SLO", "ScenarioSpec", "load", "available", "engine_capacity_rps", "check_name", "SCENARIO_DIR",
-           "SCENARIOS"]
+           "SCENARIOS", "NAME_RULE"]
 
 SCENARIO_DIR = Path(__file__).resolve().parent
 #: The scenario files shipped with fairlib, in the book's order.
 SCENARIOS = ("fair_share", "noisy_neighbor", "victim_baseline", "slo_mix", "overload", "prefill_mix", "seed000")
-
-
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-NAME_RULE = "a plain name: letters, digits, '_', '.' and '-' only (no path separators), not '.' or '..'"
-
-
-def check_name(name, field: str = "name") -> str:
-    """``name`` when it is a plain scenario name (it becomes a directory under ``runs/``), else
-    ``ValueError`` naming ``field`` and the rule."""
-    if not isinstance(name, str) or not _PLAIN_NAME.fullmatch(name) or name in (".", ".."):
-        raise ValueError(f"{field} must be {NAME_RULE}, got {name!r}")
-    return name
-
-
-def engine_capacity_rps(engine: Engine, mean_prompt: float, mean_output: float) -> float:
-    """Requests/s the replica sustains of one request shape: ``max_batch / residency``.
-
-    At a full batch ``B = max_batch`` a request holds a slot for ``mean_output`` iterations; in
-    steady state ``B / mean_output`` requests enter per iteration, so each iteration also prefills
-    ``mean_prompt * B / mean_output`` tokens and lasts ``dt = iter_base + iter_slope*B +
-    prefill * mean_prompt * B / mean_output``. The residency is ``mean_output * dt`` and
-
-        capacity = 1000 * B / (mean_output * dt) = 1000 / engine.request_cost_ms(mean_prompt, mean_output)
-
-    requests/s (the same number residency accounting charges a mean request). It ignores
-    ``max_prefill_tokens`` and the KV limit (a replica bounded by those sustains less)."""
-    for name, v in (("mean_prompt", mean_prompt), ("mean_output", mean_output)):
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(v) or v < (0 if name == "mean_prompt" else 1):
-            raise ValueError(f"engine_capacity_rps: {name} must be a finite number >= "
-                             f"{0 if name == 'mean_prompt' else 1}, got {v!r}")
-    b = engine.max_batch
-    dt = engine.iter_base_ms + engine.iter_slope_ms * b + engine.prefill_ms_per_token * mean_prompt * b / mean_output
-    return 1000.0 * b / (mean_output * dt)
-
-
-class SLO(NamedTuple):
-    """A tenant's latency promises (ms): time to first token and time per output token."""
-
-    ttft_ms: float
-    tpot_ms: float
-
-
-@dataclass(frozen=True)
-class ScenarioSpec:
-    """A loaded scenario: the workload (``scenario``) plus what a workload does not hold.
-
-    ``slos``: tenant name -> :class:`SLO`; ``rho``: the load knob, total offered load / capacity
-    of the file that sets the rates (a baseline's: its base's); ``shares``: tenant name -> its
-    normalised share of ``rho``, so ``rate_i = rho * shares[i] * capacity_rps[i]``;
-    ``offered_load``: what these tenants offer together, ``rho * sum(shares)`` (equal to ``rho``
-    except in a baseline); ``capacity_rps``: tenant name -> requests/s the replica sustains of that tenant's
-    mean request (what ``rho`` is relative to); ``capacity_source``: ``"engine model"``,
-    ``"given"`` or the probe file; ``seeds``; ``policy``/``policy_params``: what the simulator
-    runs; ``victim``/``baseline``: the tenant whose degradation is measured and the scenario
-    holding it alone; ``baseline_of``: for a baseline, the scenario it is the control of."""
-
-    name: str
-    scenario: Scenario
-    slos: Mapping[str, SLO]
-    description: str
-    rho: float
-    question: str = ""
-    seeds: Tuple[int, ...] = (0, 1, 2)
-    policy: str = "fcfs"
-    policy_params: Mapping = field(default_factory=dict)
-    capacity_rps: Mapping[str, float] = field(default_factory=dict)
-    capacity_source: str = "engine model"
-    victim: Optional[str] = None
-    baseline: Optional[str] = None
-    baseline_of: Optional[str] = None
-    path: Optional[str] = None
-    shares: Mapping[str, float] = field(default_factory=dict)
-    offered_load: Optional[float] = None
-
-    def __post_init__(self):
-        check_name(self.name, "ScenarioSpec.name")
-        if self.offered_load is None:
-            object.__setattr__(self, "offered_load", self.rho)
-
-    @property
-    def tenant_names(self) -> Tuple[str, ...]:
-        return self.scenario.tenant_names
-
-    @property
-    def engine(self) -> Engine:
-        return self.scenario.engine
-
-    @property
-    def duration_s(self) -> float:
-        return self.scenario.duration_s
-
-    def requests(self, seed: int):
-        """The request table for ``seed`` (``Scenario.requests``)."""
-        return self.scenario.requests(seed)
-
-    def with_duration(self, duration_s: float) -> "ScenarioSpec":
-        """The same scenario over another run length (rates unchanged)."""
-        return replace(self, scenario=replace(self.scenario, duration_s=duration_s))
-
-    def to_dict(self) -> dict:
-        """JSON-ready description (it goes into a run's ``config.json``; ``fairlib.analysis`` reads
-        the SLOs, the victim and the duration back from it)."""
-        rates = self.scenario.rates_rps()
-        tenants = []
-        for t, r in zip(self.scenario.tenants, rates):
-            tenants.append({
-                "name": t.name, "rate_rps": float(r), "prompt": repr(t.prompt), "output": repr(t.output),
-                "mean_prompt": float(t.prompt.mean), "mean_output": float(t.output.mean),
-                "arrival": repr(t.arrival_process(self.scenario.engine)), "priority": t.priority,
-                "klass": t.klass, "weight": t.weight, "share": self.shares.get(t.name),
-                "ttft_slo_ms": self.slos[t.name].ttft_ms, "tpot_slo_ms": self.slos[t.name].tpot_ms,
-                "capacity_rps": self.capacity_rps.get(t.name),
-                "offered_load": float(r / self.capacity_rps[t.name]) if self.capacity_rps.get(t.name) else None,
-            })
-        return {"name": self.name, "description": self.description, "question": self.question,
-                "duration_s": self.scenario.duration_s, "rho": self.rho,
-                "offered_load": self.offered_load, "seeds": list(self.seeds),
-                "policy": self.policy, "policy_params": dict(self.policy_params),
-                "engine": self.scenario.engine.to_dict(), "capacity_source": self.capacity_source,
-                "victim": self.victim, "baseline": self.baseline, "baseline_of": self.baseline_of,
-                "path": self.path, "tenants": tenants}
-
-
-# --- parsing helpers ---------------------------------------------------------------------------
-_TOP_KEYS = {"name", "description", "question", "duration_s", "rho", "seeds", "policy", "policy_params",
-             "victim", "baseline", "engine", "tenants", "reference", "baseline_of", "keep_tenants"}
-_TENANT_KEYS = {"name", "share", "prompt", "output", "arrival", "ttft_slo_ms", "tpot_slo_ms", "priority",
-                "klass", "weight"}
-_DISTS = {"constant": ("value",), "lognormal": ("mean", "sigma"), "geometric": ("mean",),
-          "uniform": ("low", "high"), "empirical": ("values",)}
-_PROCESSES = {"poisson": (), "gamma": ("burstiness",), "onoff": ("on_s", "off_s"), "periodic": ("offset_ms",)}
-
-
-class _Ctx:
-    def __init__(self, where: str):
-        self.where = where
-
-    def fail(self, key: str, msg: str):
-        raise ValueError(f"scenario {self.where}: {key} {msg}")
-
-    def number(self, d: Mapping, key: str, *, default=None, low: float = 0.0, strict: bool = True,
-               required: bool = False, label: Optional[str] = None):
-        label = label or key
-        if key not in d:
-            if required:
-                self.fail(label, "is required")
-            return default
-        v = d[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                or (v <= low if strict else v < low):
-            self.fail(label, f"must be a finite number {'>' if strict else '>='} {low:g}, got {v!r}")
-        return float(v)
-
-    def integer(self, d: Mapping, key: str, *, default=0, low: Optional[int] = None, label: Optional[str] = None):
-        label = label or key
-        v = d.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int) or (low is not None and v < low):
-            self.fail(label, f"must be an integer{f' >= {low}' if low is not None else ''}, got {v!r}")
-        return int(v)
-
-    def string(self, d: Mapping, key: str, *, required: bool = False, default: str = "", label=None):
-        label = label or key
-        if key not in d:
-            if required:
-                self.fail(label, "is required")
-            return default
-        v = d[key]
-        if not isinstance(v, str) or (required and not v.strip()):
-            self.fail(label, f"must be a non-empty string, got {v!r}")
-        return v
-
-    def unknown(self, d: Mapping, allowed, label: str):
-        extra = sorted(set(d) - set(allowed))
-        if extra:
-            self.fail(f"{label}{extra[0]}" if label else extra[0],
-                      f"is not a known field (allowed: {', '.join(sorted(allowed))})")
-
-
-def _length(ctx: _Ctx, spec, label: str):
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        if spec < 1:
-            ctx.fail(label, f"must be an integer >= 1 (a constant length), got {spec!r}")
-        return Constant(spec)
-    if not isinstance(spec, dict):
-        ctx.fail(label, f"must be an integer or a table with 'dist', got {spec!r}")
-    kind = spec.get("dist")
-    if kind not in _DISTS:
-        ctx.fail(f"{label}.dist", f"must be one of {', '.join(_DISTS)}, got {kind!r}")
-    ctx.unknown(spec, {"dist", *_DISTS[kind]}, f"{label}.")
-    try:
-        if kind == "constant":
-            return Constant(ctx.integer(spec, "value", default=None, low=1, label=f"{label}.value"))
-        if kind == "lognormal":
-            return LogNormal(ctx.number(spec, "mean", required=True, low=1.0, strict=False, label=f"{label}.mean"),
-                             ctx.number(spec, "sigma", default=1.0, low=0.0, strict=False, label=f"{label}.sigma"))
-        if kind == "geometric":
-            return Geometric(ctx.number(spec, "mean", required=True, low=1.0, strict=False, label=f"{label}.mean"))
-        if kind == "uniform":
-            return Uniform(ctx.integer(spec, "low", default=None, low=1, label=f"{label}.low"),
-                           ctx.integer(spec, "high", default=None, low=1, label=f"{label}.high"))
-        vals = spec.get("values")
-        if not isinstance(vals, list) or not vals:
-            ctx.fail(f"{label}.values", f"must be a non-empty list of integers >= 1, got {vals!r}")
-        return Empirical(tuple(vals))
-    except ValueError as e:
-        if str(e).startswith("scenario "):
-            raise
-        ctx.fail(label, f"is invalid: {e}")
-
-
-def _arrival(ctx: _Ctx, spec, label: str):
-    if spec is None:
-        return Poisson()
-    if not isinstance(spec, dict):
-        ctx.fail(label, f"must be a table with 'process', got {spec!r}")
-    kind = spec.get("process", "poisson")
-    if kind not in _PROCESSES:
-        ctx.fail(f"{label}.process", f"must be one of {', '.join(_PROCESSES)}, got {kind!r}")
-    ctx.unknown(spec, {"process", *_PROCESSES[kind]}, f"{label}.")
-    if kind == "poisson":
-        return Poisson()
-    if kind == "gamma":
-        return Gamma(None, ctx.number(spec, "burstiness", required=True, label=f"{label}.burstiness"))
-    if kind == "onoff":
-        return OnOff(None, ctx.number(spec, "on_s", required=True, label=f"{label}.on_s"),
-                     ctx.number(spec, "off_s", required=True, strict=False, label=f"{label}.off_s"))
-    return Periodic(None, ctx.number(spec, "offset_ms", default=0.0, strict=False, label=f"{label}.offset_ms"))
-
-
-def _engine(ctx: _Ctx, spec) -> Engine:
-    if spec is None:
-        return SEED000_ENGINE
-    if not isinstance(spec, dict):
-        ctx.fail("engine", f"must be a table of fairlib.Engine fields, got {spec!r}")
-    allowed = set(Engine.__dataclass_fields__)
-    ctx.unknown(spec, allowed, "engine.")
-    try:
-        return Engine(**spec)
-    except (ValueError, TypeError) as e:
-        ctx.fail("engine", f"is invalid: {e}")
-
-
-def _capacity_input(capacity):
-    """(engine override or None, (rps, prompt, output) or None, source label)."""
-    if capacity is None:
-        return None, None, "engine model"
-    if isinstance(capacity, (int, float)) and not isinstance(capacity, bool):
-        if not math.isfinite(capacity) or capacity <= 0:
-            raise ValueError(f"capacity must be a finite number > 0 (requests/s), got {capacity!r}")
-        return None, (float(capacity), None, None), "given"
-    source = "given"
-    if isinstance(capacity, (str, Path)):
-        p = Path(capacity)
-        try:
-            capacity = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise ValueError(f"capacity file {p}: cannot read it as JSON ({e})") from None
-        source = str(p)
-    if not isinstance(capacity, Mapping):
-        raise ValueError(f"capacity must be None, a number (requests/s), a dict or a JSON file path, got {capacity!r}")
-    eng = None
-    e = capacity.get("engine")
-    if e is not None:
-        if not isinstance(e, Mapping):
-            raise ValueError(f"capacity: 'engine' must be a table of fairlib.Engine fields, got {e!r}")
-        fields = {k: v for k, v in e.items() if k in Engine.__dataclass_fields__}
-        try:
-            eng = Engine(**fields)
-        except (ValueError, TypeError) as err:
-            raise ValueError(f"capacity: 'engine' is invalid: {err}") from None
-    cap = None
-    if capacity.get("capacity_rps") is not None:
-        rps = capacity["capacity_rps"]
-        if isinstance(rps, bool) or not isinstance(rps, (int, float)) or not math.isfinite(rps) or rps <= 0:
-            raise ValueError(f"capacity: 'capacity_rps' must be a number > 0, got {rps!r}")
-        cap = (float(rps), capacity.get("prompt_tokens"), capacity.get("output_tokens"))
-    if eng is None and cap is None:
-        raise ValueError("capacity: needs 'engine' (fitted cost model) and/or 'capacity_rps'")
-    return eng, cap, source
 
 
 def _read(name_or_path) -> tuple:
@@ -399,37 +117,114 @@ def load(name_or_path: Union[str, Path], engine: Optional[Engine] = None, rho: O
          capacity=None, duration_s: Optional[float] = None, rate_scale: Optional[float] = None) -> ScenarioSpec:
     """Load a scenario file (a name from :func:`available` or a path) into a :class:`ScenarioSpec`.
 
-    ``engine`` replaces the file's engine; ``rho`` its total offered load (a baseline's: its
-    base's); ``rate_scale`` multiplies ``rho``, so every tenant's rate, by that factor
-    (``rate_i = rho * rate_scale * share_i * capacity_i``); ``capacity`` what the load is
-    relative to (module docstring); ``duration_s`` its run length. Invalid files raise
-    ``ValueError`` naming the file and the field."""
-    for key, v in (("rho", rho), ("rate_scale", rate_scale)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                              or v <= 0):
-            raise ValueError(f"{key} must be a finite number > 0, got {v!r}")
+    Tenant ``i`` sends ``rate_i = rho * rate_scale * share_i / sum(shares) * capacity_i``
+    requests/s, ``capacity_i`` what the replica sustains of its mean request alone
+    (``1000 / engine.request_cost_ms(mean_prompt_i, mean_output_i)`` from the engine model, or a
+    measured capacity scaled by the model's cost ratio; module docstring).
+
+    Parameters
+    ----------
+    name_or_path : str or pathlib.Path
+        A shipped scenario's name (``available()``: ``noisy_neighbor``, ...) or the path of a
+        ``.toml`` file (the format in the module docstring).
+    engine : Engine, optional
+        Replaces the file's ``[engine]`` (default: the file's, else seed 000's); a ``capacity``
+        carrying an ``engine`` replaces both.
+    rho : float, optional
+        Replaces the file's total offered load / capacity (> 0; a baseline's: its base's).
+    capacity : None, float, dict, str or pathlib.Path, optional
+        What the load is relative to: ``None`` the engine model; a number the measured requests/s
+        (> 0) of the reference request; a dict or the path of a JSON probe result with
+        ``engine`` (``fairlib.Engine`` fields) and/or ``capacity_rps`` (with ``prompt_tokens``,
+        ``output_tokens``).
+    duration_s : float, optional
+        Replaces the run length (s, > 0; arrivals in ``[0, duration_s)``).
+    rate_scale : float, optional
+        Multiplies ``rho``, hence every tenant's rate (> 0).
+
+    Returns
+    -------
+    ScenarioSpec
+        The workload (``spec.scenario``, whose ``requests(seed)`` is the request table), its SLOs,
+        ``rho``, ``shares``, ``offered_load``, ``capacity_rps``, seeds, policy and victim.
+
+    Raises
+    ------
+    ValueError
+        An unknown name (the known ones listed), a file that cannot be read or is not TOML, an
+        unknown key, a missing or invalid field (naming the file and the field: ``tenants[0]
+        (interactive).share``, ...), or an argument out of range (naming it).
+
+    Examples
+    --------
+    >>> from fairlib import scenarios
+    >>> spec = scenarios.load("noisy_neighbor", rate_scale=2)
+    >>> round(spec.rho, 2), spec.victim
+    (1.8, 'interactive')
+    """
+    _check_knobs(rho=rho, rate_scale=rate_scale)
     path, data = _read(name_or_path)
-    ctx = _Ctx(f"file {path}")
-    if not isinstance(data, dict):
-        ctx.fail("the file", "must hold a TOML table")
-    ctx.unknown(data, _TOP_KEYS, "")
-    name = ctx.string(data, "name", required=True)
-    if not (_PLAIN_NAME.fullmatch(name) and name not in (".", "..")):
-        ctx.fail("name", f"must be {NAME_RULE}, got {name!r}")
-    description = ctx.string(data, "description", required=True)
-    question = ctx.string(data, "question")
+    ctx = FieldReader(f"file {path}")
+    name, description, question = _header(ctx, data)
     if "baseline_of" in data:
         return _load_baseline(ctx, path, data, name, description, question, engine, rho, capacity, duration_s,
                               rate_scale)
     for key in ("keep_tenants",):
         if key in data:
             ctx.fail(key, "is allowed only together with baseline_of")
+    eng, cap, cap_source = _engine_and_capacity(ctx, data, engine, capacity)
+    the_rho, dur = _load_and_duration(ctx, data, rho, rate_scale, duration_s)
+    seeds = _seeds(ctx, data, [0, 1, 2])
+    policy, params = _policy(ctx, data)
+    parsed = _tenants(ctx, data)
+    total_share = sum(p["share"] for p in parsed)
+    baseline = data.get("baseline")
+    if baseline is not None and not is_plain_name(baseline):
+        ctx.fail("baseline", f"must be a scenario name, {NAME_RULE}, got {baseline!r}")
+    cap_rps = _capacity_per_tenant(ctx, data, eng, parsed, cap)
+    sc = Scenario(_rated_tenants(parsed, the_rho, cap_rps), engine=eng, duration_s=dur, name=name, description=description,
+                  seed=int(seeds[0]))
+    return ScenarioSpec(name=name, scenario=sc, slos={p["name"]: p["slo"] for p in parsed}, description=description,
+                        rho=the_rho, question=question, seeds=tuple(seeds), policy=policy, policy_params=dict(params),
+                        capacity_rps=cap_rps, capacity_source=cap_source, victim=data.get("victim"),
+                        baseline=baseline, path=str(path),
+                        shares={p["name"]: p["share"] / total_share for p in parsed}, offered_load=the_rho)
+
+
+def _check_knobs(**knobs) -> None:
+    """``ValueError`` unless each given knob (``rho``, ``rate_scale``) is a finite number > 0."""
+    for key, v in knobs.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or v <= 0):
+            raise ValueError(f"{key} must be a finite number > 0, got {v!r}")
+
+
+def _header(ctx: FieldReader, data) -> tuple:
+    """``(name, description, question)`` of a file, its top-level keys checked."""
+    if not isinstance(data, dict):
+        ctx.fail("the file", "must hold a TOML table")
+    ctx.unknown(data, TOP_KEYS, "")
+    name = ctx.string(data, "name", required=True)
+    if not is_plain_name(name):
+        ctx.fail("name", f"must be {NAME_RULE}, got {name!r}")
+    return name, ctx.string(data, "description", required=True), ctx.string(data, "question")
+
+
+def _engine_and_capacity(ctx: FieldReader, data, engine, capacity) -> tuple:
+    """``(engine, measured capacity or None, capacity source)``: the ``engine`` given, else the
+    file's; a ``capacity`` carrying an engine replaces both."""
     if engine is not None and not isinstance(engine, Engine):
         raise ValueError(f"engine must be a fairlib.Engine, got {type(engine).__name__}")
-    eng = engine if engine is not None else _engine(ctx, data.get("engine"))
-    cap_engine, cap, cap_source = _capacity_input(capacity)
+    eng = engine if engine is not None else engine_table(ctx, data.get("engine"))
+    cap_engine, cap, cap_source = capacity_input(capacity)
     if cap_engine is not None:
         eng = cap_engine
+    return eng, cap, cap_source
+
+
+def _load_and_duration(ctx: FieldReader, data, rho, rate_scale, duration_s) -> tuple:
+    """``(rho, duration_s)``: ``rho`` (the given one, else the file's) times ``rate_scale``, and the
+    run length (the given one, else the file's, default 60 s)."""
     file_rho = ctx.number(data, "rho", required=True)
     the_rho = float(rho) if rho is not None else file_rho
     if rate_scale is not None:
@@ -439,92 +234,106 @@ def load(name_or_path: Union[str, Path], engine: Optional[Engine] = None, rho: O
         if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)) or not duration_s > 0:
             raise ValueError(f"duration_s must be a number > 0, got {duration_s!r}")
         dur = float(duration_s)
-    seeds = data.get("seeds", [0, 1, 2])
-    if not isinstance(seeds, list) or not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
-                                                       for s in seeds):
-        ctx.fail("seeds", f"must be a non-empty list of integers >= 0, got {seeds!r}")
+    return the_rho, dur
+
+
+def _policy(ctx: FieldReader, data) -> tuple:
+    """``(policy, policy_params)``: one of :data:`fairlib.sim.policies.POLICIES` and a table."""
     policy = ctx.string(data, "policy", default="fcfs")
     if policy not in POLICIES:
         ctx.fail("policy", f"must be one of {', '.join(POLICIES)}, got {policy!r}")
     params = data.get("policy_params", {})
     if not isinstance(params, dict):
         ctx.fail("policy_params", f"must be a table, got {params!r}")
+    return policy, params
 
+
+def _seeds(ctx: FieldReader, data, default: list) -> list:
+    """The file's ``seeds``: a non-empty list of integers >= 0."""
+    seeds = data.get("seeds", default)
+    if not isinstance(seeds, list) or not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
+                                                       for s in seeds):
+        ctx.fail("seeds", f"must be a non-empty list of integers >= 0, got {seeds!r}")
+    return seeds
+
+
+def _tenants(ctx: FieldReader, data) -> list:
+    """The ``[[tenants]]`` tables as dicts of checked fields (distinct names; the ``victim`` one of them)."""
     raw = data.get("tenants")
     if not isinstance(raw, list) or not raw:
         ctx.fail("tenants", "must be a non-empty array of tables ([[tenants]])")
-    parsed = []
-    for i, t in enumerate(raw):
-        lab = f"tenants[{i}]"
-        if not isinstance(t, dict):
-            ctx.fail(lab, f"must be a table, got {t!r}")
-        ctx.unknown(t, _TENANT_KEYS, f"{lab}.")
-        tname = ctx.string(t, "name", required=True, label=f"{lab}.name")
-        lab = f"tenants[{i}] ({tname})"
-        for req in ("prompt", "output"):
-            if req not in t:
-                ctx.fail(f"{lab}.{req}", "is required")
-        parsed.append(dict(
-            name=tname,
-            share=ctx.number(t, "share", required=True, label=f"{lab}.share"),
-            prompt=_length(ctx, t["prompt"], f"{lab}.prompt"),
-            output=_length(ctx, t["output"], f"{lab}.output"),
-            arrival=_arrival(ctx, t.get("arrival"), f"{lab}.arrival"),
-            slo=SLO(ctx.number(t, "ttft_slo_ms", required=True, label=f"{lab}.ttft_slo_ms"),
-                    ctx.number(t, "tpot_slo_ms", required=True, label=f"{lab}.tpot_slo_ms")),
-            priority=ctx.integer(t, "priority", label=f"{lab}.priority"),
-            klass=ctx.integer(t, "klass", low=0, label=f"{lab}.klass"),
-            weight=ctx.number(t, "weight", default=1.0, label=f"{lab}.weight"),
-        ))
+    parsed = [_tenant(ctx, i, t) for i, t in enumerate(raw)]
     names = [p["name"] for p in parsed]
     if len(set(names)) != len(names):
         ctx.fail("tenants", f"must have distinct names, got {names}")
-    total_share = sum(p["share"] for p in parsed)
     for key in ("victim",):
         v = data.get(key)
         if v is not None and v not in names:
             ctx.fail(key, f"must name one of the tenants {names}, got {v!r}")
-    baseline = data.get("baseline")
-    if baseline is not None and not (isinstance(baseline, str) and _PLAIN_NAME.fullmatch(baseline)
-                                     and baseline not in (".", "..")):
-        ctx.fail("baseline", f"must be a scenario name, {NAME_RULE}, got {baseline!r}")
+    return parsed
 
-    # capacity per tenant: the engine model, or a measured number scaled by the model's cost ratio
+
+def _tenant(ctx: FieldReader, i: int, t) -> dict:
+    """Tenant ``i``'s table: name, share, lengths, arrival process, SLO, priority, class, weight."""
+    lab = f"tenants[{i}]"
+    if not isinstance(t, dict):
+        ctx.fail(lab, f"must be a table, got {t!r}")
+    ctx.unknown(t, TENANT_KEYS, f"{lab}.")
+    tname = ctx.string(t, "name", required=True, label=f"{lab}.name")
+    lab = f"tenants[{i}] ({tname})"
+    for req in ("prompt", "output"):
+        if req not in t:
+            ctx.fail(f"{lab}.{req}", "is required")
+    return dict(
+        name=tname,
+        share=ctx.number(t, "share", required=True, label=f"{lab}.share"),
+        prompt=length(ctx, t["prompt"], f"{lab}.prompt"),
+        output=length(ctx, t["output"], f"{lab}.output"),
+        arrival=arrival(ctx, t.get("arrival"), f"{lab}.arrival"),
+        slo=SLO(ctx.number(t, "ttft_slo_ms", required=True, label=f"{lab}.ttft_slo_ms"),
+                ctx.number(t, "tpot_slo_ms", required=True, label=f"{lab}.tpot_slo_ms")),
+        priority=ctx.integer(t, "priority", label=f"{lab}.priority"),
+        klass=ctx.integer(t, "klass", low=0, label=f"{lab}.klass"),
+        weight=ctx.number(t, "weight", default=1.0, label=f"{lab}.weight"),
+    )
+
+
+def _capacity_per_tenant(ctx: FieldReader, data, eng: Engine, parsed: list, cap) -> dict:
+    """Tenant name -> requests/s: the engine model's ``engine_capacity_rps`` of its mean request,
+    or a measured ``cap = (rps, ref_prompt, ref_output)`` scaled by the model's cost ratio
+    ``rps * model(tenant) / model(reference)`` (the reference: ``cap``'s, the file's
+    ``[reference]``, else the share-weighted mean request)."""
     model_cap = {p["name"]: engine_capacity_rps(eng, p["prompt"].mean, p["output"].mean) for p in parsed}
     if cap is None:
-        cap_rps = model_cap
-    else:
-        rps, ref_p, ref_o = cap
-        ref = data.get("reference")
-        if ref_p is None or ref_o is None:
-            if ref is not None:
-                if not isinstance(ref, dict):
-                    ctx.fail("reference", f"must be a table with prompt_tokens and output_tokens, got {ref!r}")
-                ctx.unknown(ref, {"prompt_tokens", "output_tokens"}, "reference.")
-                ref_p = ctx.number(ref, "prompt_tokens", required=True, strict=False, label="reference.prompt_tokens")
-                ref_o = ctx.number(ref, "output_tokens", required=True, low=1.0, strict=False,
-                                   label="reference.output_tokens")
-            else:
-                ref_p = sum(p["share"] * p["prompt"].mean for p in parsed) / total_share
-                ref_o = sum(p["share"] * p["output"].mean for p in parsed) / total_share
-        ref_model = engine_capacity_rps(eng, float(ref_p), float(ref_o))
-        cap_rps = {n: rps * c / ref_model for n, c in model_cap.items()}
-
-    tenants = []
-    for p in parsed:
-        rate = the_rho * p["share"] / total_share * cap_rps[p["name"]]
-        tenants.append(Tenant(p["name"], output=p["output"], prompt=p["prompt"], arrival=p["arrival"],
-                              rate_rps=rate, klass=p["klass"], priority=p["priority"], weight=p["weight"]))
-    sc = Scenario(tuple(tenants), engine=eng, duration_s=dur, name=name, description=description,
-                  seed=int(seeds[0]))
-    return ScenarioSpec(name=name, scenario=sc, slos={p["name"]: p["slo"] for p in parsed}, description=description,
-                        rho=the_rho, question=question, seeds=tuple(seeds), policy=policy, policy_params=dict(params),
-                        capacity_rps=cap_rps, capacity_source=cap_source, victim=data.get("victim"),
-                        baseline=baseline, path=str(path),
-                        shares={p["name"]: p["share"] / total_share for p in parsed}, offered_load=the_rho)
+        return model_cap
+    total_share = sum(p["share"] for p in parsed)
+    rps, ref_p, ref_o = cap
+    ref = data.get("reference")
+    if ref_p is None or ref_o is None:
+        if ref is not None:
+            if not isinstance(ref, dict):
+                ctx.fail("reference", f"must be a table with prompt_tokens and output_tokens, got {ref!r}")
+            ctx.unknown(ref, {"prompt_tokens", "output_tokens"}, "reference.")
+            ref_p = ctx.number(ref, "prompt_tokens", required=True, strict=False, label="reference.prompt_tokens")
+            ref_o = ctx.number(ref, "output_tokens", required=True, low=1.0, strict=False,
+                               label="reference.output_tokens")
+        else:
+            ref_p = sum(p["share"] * p["prompt"].mean for p in parsed) / total_share
+            ref_o = sum(p["share"] * p["output"].mean for p in parsed) / total_share
+    ref_model = engine_capacity_rps(eng, float(ref_p), float(ref_o))
+    return {n: rps * c / ref_model for n, c in model_cap.items()}
 
 
-def _load_baseline(ctx, path, data, name, description, question, engine, rho, capacity, duration_s, rate_scale):
+def _rated_tenants(parsed: list, rho: float, cap_rps: dict) -> tuple:
+    """The tenants, each at ``rate_i = rho * share_i / sum(shares) * capacity_i`` requests/s."""
+    total_share = sum(p["share"] for p in parsed)
+    return tuple(TenantSpec(p["name"], output=p["output"], prompt=p["prompt"], arrival=p["arrival"],
+                        rate_rps=rho * p["share"] / total_share * cap_rps[p["name"]], klass=p["klass"],
+                        priority=p["priority"], weight=p["weight"]) for p in parsed)
+
+
+def _load_baseline(ctx: FieldReader, path, data, name, description, question, engine, rho, capacity, duration_s, rate_scale):
+    """A ``baseline_of`` file: some of another scenario's tenants, at the rates they have there."""
     allowed = {"name", "description", "question", "baseline_of", "keep_tenants", "duration_s", "seeds", "policy",
                "policy_params"}
     of = ctx.string(data, "baseline_of", required=True)
@@ -546,10 +355,7 @@ def _load_baseline(ctx, path, data, name, description, question, engine, rho, ca
     dur = ctx.number(data, "duration_s", default=base.duration_s)
     if duration_s is not None:
         dur = float(duration_s)
-    seeds = data.get("seeds", list(base.seeds))
-    if not isinstance(seeds, list) or not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
-                                                       for s in seeds):
-        ctx.fail("seeds", f"must be a non-empty list of integers >= 0, got {seeds!r}")
+    seeds = _seeds(ctx, data, list(base.seeds))
     policy = ctx.string(data, "policy", default=base.policy)
     sc = Scenario(tenants, engine=base.engine, duration_s=dur, name=name, description=description, seed=int(seeds[0]))
     # Request streams are keyed by tenant index (workload.rng_for): a kept tenant sees the very

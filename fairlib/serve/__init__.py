@@ -14,8 +14,8 @@ measurement client (``fairlib.client``) can be tested end to end, and a scheduli
 serving real HTTP traffic. Tenants are told apart by the ``X-Tenant`` header.
 
 Timing error: the lag between an iteration's intended end and the moment its tokens are handed
-to the request handlers (``fairlib:emission_lag_seconds``) and written to the sockets
-(``fairlib:write_lag_seconds``); ``/fairlib/stats`` gives its percentiles. The model clock never
+to the request handlers (``fairlib_serve_emission_lag_seconds``) and written to the sockets
+(``fairlib_serve_write_lag_seconds``); ``/fairlib/stats`` gives its percentiles. The model clock never
 waits for the server, so lag does not accumulate.
 
     from fairlib.serve import ServeConfig, ServerProcess
@@ -23,14 +23,15 @@ waits for the server, so lag does not accumulate.
         ...  # srv.base_url is the OpenAI base URL (ending in /v1)
 
 Command line: ``fairlib serve --port 8000 --iter-base-ms 8 --iter-slope-ms 1.5 --policy vtc``.
-Modules: ``config`` (ServeConfig), ``driver`` (the real-time loop, metrics), ``app`` (HTTP and
-wire format), ``server`` (start/stop: foreground, thread, process; CLI options), ``prometheus`` (its
-``/metrics``), ``replay`` (a second double: replays fixture streams, for the client's tests).
+Modules: ``config`` (ServeConfig), ``driver`` (the real-time loop, metrics), ``app`` (the HTTP
+handlers and response bodies), ``server`` (start/stop: foreground, thread, process; CLI options),
+``replay`` (a second double: replays fixture streams, for the client's tests). The wire format and
+the metrics registry it shares with the gateway are ``fairlib.protocol``'s.
 """
 from fairlib.serve.app import make_app, parse_request
-from fairlib.serve.config import ServeConfig, load_engine_params
+from fairlib.serve.config import ServeConfig
 from fairlib.serve.driver import Driver
 from fairlib.serve.server import ServerProcess, ServerThread, add_arguments, config_from_args, serve_forever, start, wait_ready
 
-__all__ = ["ServeConfig", "load_engine_params", "make_app", "parse_request", "Driver", "ServerProcess",
+__all__ = ["ServeConfig", "make_app", "parse_request", "Driver", "ServerProcess",
            "ServerThread", "add_arguments", "config_from_args", "serve_forever", "start", "wait_ready"]

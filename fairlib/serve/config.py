@@ -1,48 +1,20 @@
-"""``ServeConfig``: everything ``fairlib serve`` is started with, validated, and how to read the
-engine's parameters from a file (JSON or TOML: an ``Engine``'s fields, or a probe result with an
-``"engine"`` table)."""
+"""``ServeConfig``: everything ``fairlib serve`` is started with, validated (the engine's
+parameters from a file: ``fairlib.sim.engine.load_engine_params``)."""
 from __future__ import annotations
 
-import json
 import math
-import tomllib
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Optional
 
 from fairlib.sim.engine import Engine
 from fairlib.sim.policies import POLICIES, make_policy
 
-__all__ = ["ServeConfig", "load_engine_params", "ENGINE_FIELDS"]
+__all__ = ["ServeConfig", "DEFAULT_TENANTS"]
 
-ENGINE_FIELDS = ("iter_base_ms", "iter_slope_ms", "prefill_ms_per_token", "max_batch", "max_prefill_tokens",
-                 "kv_capacity_tokens")
-
-
-def load_engine_params(spec) -> dict:
-    """Engine fields from a JSON string, a ``.json``/``.toml`` file, or a mapping.
-
-    A mapping with an ``"engine"`` key (a probe result, ``fairlib.calibrate.probe``) uses that sub-table.
-    Unknown keys are an error (a misspelt parameter must not be silently ignored)."""
-    if isinstance(spec, dict):
-        d = dict(spec)
-    else:
-        s = str(spec).strip()
-        p = Path(s)
-        if s.startswith("{"):
-            d = json.loads(s)
-        elif p.suffix == ".toml":
-            d = tomllib.loads(p.read_text(encoding="utf-8"))
-        elif p.exists():
-            d = json.loads(p.read_text(encoding="utf-8"))
-        else:
-            raise ValueError(f"engine params: {s!r} is neither a JSON object nor an existing .json/.toml file")
-    if isinstance(d.get("engine"), dict):
-        d = d["engine"]
-    unknown = sorted(set(d) - set(ENGINE_FIELDS))
-    if unknown:
-        raise ValueError(f"engine params: unknown field(s) {unknown}; allowed: {', '.join(ENGINE_FIELDS)}")
-    return d
+#: The most tenants a server started without ``--tenants`` tells apart: 16 times the most any
+#: scenario of fairlib/scenarios has (4), so that several runs of different scenarios against one
+#: server never fill it (each tenant costs a waiting line of the engine model's capacity).
+DEFAULT_TENANTS = 64
 
 
 @dataclass(frozen=True)
@@ -51,7 +23,9 @@ class ServeConfig:
 
     ``n_tenants`` is the most tenants the server tells apart: ``X-Tenant`` names get indices
     ``0, 1, ...`` in order of first appearance (``tenant_names`` are assigned first, in order), and
-    a new name beyond ``n_tenants`` is an HTTP 400. ``mean_output_tokens``: when a request does
+    a new name beyond ``n_tenants`` is an HTTP 503 naming ``--tenants`` (the server's limit, not
+    the client's fault). ``None`` (the default): the number of weights a weighted policy is given
+    (``weights``: one per tenant), else :data:`DEFAULT_TENANTS`. ``mean_output_tokens``: when a request does
     not force its length (``ignore_eos`` or ``min_tokens == max_tokens``), its output length is a
     geometric draw with this mean (support 1, 2, ...), seeded by ``seed`` in arrival order, then
     clipped to ``[min_tokens, max_tokens]``. ``max_waiting``: HTTP 429 when this many requests
@@ -63,7 +37,7 @@ class ServeConfig:
     policy: str = "fcfs"
     policy_params: dict = field(default_factory=dict)
     model: str = "fairlib-sim"
-    n_tenants: int = 8
+    n_tenants: Optional[int] = None
     tenant_names: tuple = ()
     n_classes: int = 4
     priority_min: int = -32
@@ -77,6 +51,8 @@ class ServeConfig:
     spin_ms: float = 1.0
     tenant_header: str = "X-Tenant"
     api_key: Optional[str] = field(default=None, repr=False)
+    #: serve /metrics (False: 404 there, as an OpenAI-compatible server without Prometheus metrics)
+    metrics: bool = True
 
     def __post_init__(self):
         if not isinstance(self.engine, Engine):
@@ -84,6 +60,9 @@ class ServeConfig:
         if self.policy not in POLICIES:
             raise ValueError(f"ServeConfig.policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         pol = make_policy(self.policy, **self.policy_params)  # validate the parameters now
+        if self.n_tenants is None:
+            w = self.policy_params.get("weights")
+            object.__setattr__(self, "n_tenants", len(w) if isinstance(w, (list, tuple)) and w else DEFAULT_TENANTS)
         if isinstance(self.n_tenants, int) and not isinstance(self.n_tenants, bool) and self.n_tenants >= 1:
             pol.state(self.n_tenants)  # e.g. vtc's weights: one per tenant
         for name, low in (("n_tenants", 1), ("n_classes", 1), ("max_model_len", 2), ("port", 0)):

@@ -15,7 +15,7 @@ is submitted with ``arrival_ms = now_ms()`` at once. The driver loop:
 The model clock never waits for the server: if an emission is late, the next iteration still
 ends where the model says, so lateness never accumulates. The lateness itself (actual emission
 minus the model's intended time) is the server's timing error; it is recorded per iteration
-(``fairlib:emission_lag_seconds``) and per written chunk (``fairlib:write_lag_seconds``).
+(``fairlib_serve_emission_lag_seconds``) and per written chunk (``fairlib_serve_write_lag_seconds``).
 
 Disconnects: a request whose client went away is ended in the model at its next token, as if it
 had produced EOS (its ``output_tokens`` is cut to ``generated + 1``; no compiled code changes).
@@ -36,7 +36,7 @@ from typing import Optional
 
 import numpy as np
 
-from fairlib.serve.prometheus import (
+from fairlib.protocol.prometheus import (
     ITERATION_TOKENS_BUCKETS,
     ITL_BUCKETS,
     LAG_BUCKETS,
@@ -49,30 +49,7 @@ from fairlib.serve.prometheus import (
 )
 from fairlib.sim import loop
 from fairlib.sim.online import OnlineEngine
-from fairlib.sim.state import (
-    ADMITTED,
-    ARRIVAL,
-    ENTERED,
-    FINISH,
-    FIRST,
-    GENERATED,
-    HELD,
-    ITERATIONS,
-    N_HELD,
-    N_REQ,
-    N_RUNNING,
-    NEXT_ARRIVAL,
-    OUTPUT,
-    PREEMPT,
-    PROMPT,
-    RUN_IDS,
-    RUNNING,
-    STATUS,
-    T_MACHINE,
-    T_TOKENS,
-    UNDELIVERED,
-    WAITING,
-)
+from fairlib.sim import state
 
 __all__ = ["Driver", "RequestState", "QueueFull"]
 
@@ -175,54 +152,71 @@ class Driver:
         self.m_queue = r.add(Histogram("vllm:request_queue_time_seconds",
                                        "Histogram of time spent in WAITING phase for request.", L, REQUEST_LATENCY_BUCKETS))
         # fairlib's own: the server's timing error and the model's per-tenant view
-        self.m_lag = r.add(Histogram("fairlib:emission_lag_seconds",
+        self.m_lag = r.add(Histogram("fairlib_serve_emission_lag_seconds",
                                      "Actual token hand-over time minus the engine model's intended iteration end.",
                                      L, LAG_BUCKETS))
-        self.m_wlag = r.add(Histogram("fairlib:write_lag_seconds",
+        self.m_wlag = r.add(Histogram("fairlib_serve_write_lag_seconds",
                                       "Time a token chunk was written to its socket minus the intended iteration end.",
                                       L, LAG_BUCKETS))
-        self.m_lag_max = r.add(Gauge("fairlib:emission_lag_max_seconds", "Largest emission lag so far.", L))
-        self.m_iters = r.add(Counter("fairlib:iterations_total", "Engine-model iterations run.", L))
-        self.m_busy = r.add(Counter("fairlib:busy_seconds_total", "Model time spent in iterations.", L))
-        self.m_rej = r.add(Counter("fairlib:requests_rejected_total", "Requests turned away (HTTP 429).",
+        self.m_lag_max = r.add(Gauge("fairlib_serve_emission_lag_max_seconds", "Largest emission lag so far.", L))
+        self.m_iters = r.add(Counter("fairlib_serve_iterations_total", "Engine-model iterations run.", L))
+        self.m_busy = r.add(Counter("fairlib_serve_busy_seconds_total", "Model time spent in iterations.", L))
+        self.m_rej = r.add(Counter("fairlib_serve_requests_rejected_total", "Requests turned away (HTTP 429).",
                                    L + ("reason",)))
-        self.m_t_tokens = r.add(Counter("fairlib:tenant_generation_tokens_total",
+        self.m_t_tokens = r.add(Counter("fairlib_serve_tenant_generation_tokens_total",
                                         "Tokens emitted per tenant (engine model).", L + ("tenant",)))
-        self.m_t_machine = r.add(Counter("fairlib:tenant_machine_seconds_total",
+        self.m_t_machine = r.add(Counter("fairlib_serve_tenant_machine_seconds_total",
                                          "Machine time charged per tenant (residency accounting).", L + ("tenant",)))
-        self.m_t_counter = r.add(Gauge("fairlib:policy_counter", "The policy's per-tenant counter (fairness policies).",
-                                       L + ("tenant",)))
+        unit = self.eng.policy.counter_unit
+        self.counter_scale = 1e-3 if unit == "ms" else 1.0
+        self.m_t_counter = None if unit is None else r.add(Gauge(
+            f"fairlib_serve_policy_score_{'seconds' if unit == 'ms' else 'tokens'}",
+            f"The policy's per-tenant counter ({self.eng.policy.name}; {'machine seconds' if unit == 'ms' else 'weighted service tokens'}).",
+            L + ("tenant",)))
         # series exist from the start, at 0 (as prometheus_client's labelled children in vLLM do)
         for m in (self.m_preempt, self.m_prompt, self.m_gen, self.m_iters, self.m_busy):
             m.inc(0, self.labels)
         for reason in ("stop", "length", "abort"):
             self.m_success.inc(0, self.labels + (reason,))
+        for reason in ("queue_full", "policy"):
+            self.m_rej.touch(self.labels + (reason,))
         for h in (self.m_iter_tokens, self.m_ttft, self.m_itl, self.m_e2e, self.m_queue, self.m_lag, self.m_wlag):
-            h._get(self.labels)
+            h.touch(self.labels)
 
     def render_metrics(self) -> str:
+        """The metrics as Prometheus text (0.0.4)."""
+        self.update_metrics()
+        return self.registry.render()
+
+    def metrics_exposition(self, accept=None) -> tuple:
+        """``(body, content type)`` for ``/metrics`` (the scraper's ``Accept``: text or OpenMetrics)."""
+        self.update_metrics()
+        return self.registry.exposition(accept)
+
+    def update_metrics(self) -> None:
+        """The gauges and totals that come from the engine model's state, brought to now."""
         S, lab = self.eng.S, self.labels
-        n = int(S.si[N_REQ])
-        self.m_running.set(int(S.si[N_RUNNING]), lab)
+        n = int(S.si[state.N_REQ])
+        self.m_running.set(int(S.si[state.N_RUNNING]), lab)
         self.m_waiting.set(self.n_waiting(), lab)
         kv = self.cfg.engine.kv_capacity_tokens
         if kv:
-            ids = S.BT[RUN_IDS, :int(S.si[N_RUNNING])]
-            need = float((S.RI[PROMPT, ids] + S.RI[GENERATED, ids] + 1).sum()) if ids.size else 0.0
+            ids = S.BT[state.RUN_IDS, :int(S.si[state.N_RUNNING])]
+            need = (float((S.RI[state.PROMPT, ids] + S.RI[state.GENERATED, ids] + 1).sum())
+                    if ids.size else 0.0)
             self.m_kv.set(need / kv, lab)
         else:
             self.m_kv.set(0.0, lab)
-        self.m_preempt.set_total(float(S.RI[PREEMPT, :n].sum()) if n else 0.0, lab)
+        self.m_preempt.set_total(float(S.RI[state.PREEMPT, :n].sum()) if n else 0.0, lab)
         self.m_lag_max.set(self.lag_max, lab)
         names = self.tenant_names()
         counters = self.eng.policy.counters(self.eng.pf, self.eng.n_tenants)
         for i, name in enumerate(names):
             tl = lab + (name,)
-            self.m_t_tokens.set_total(float(S.TI[T_TOKENS, i]), tl)
-            self.m_t_machine.set_total(float(S.TF[T_MACHINE, i]) / 1e3, tl)
-            if counters is not None:
-                self.m_t_counter.set(float(counters[i]), tl)
-        return self.registry.render()
+            self.m_t_tokens.set_total(float(S.TI[state.T_TOKENS, i]), tl)
+            self.m_t_machine.set_total(float(S.TF[state.T_MACHINE, i]) / 1e3, tl)
+            if counters is not None and self.m_t_counter is not None:
+                self.m_t_counter.set(float(counters[i]) * self.counter_scale, tl)
 
     # --- tenants ----------------------------------------------------------------------------
     def tenant_index(self, name: str) -> Optional[int]:
@@ -241,7 +235,7 @@ class Driver:
     def n_waiting(self) -> int:
         """Waiting in the model: undelivered arrivals, waiting lines, preempted-and-held."""
         S = self.eng.S
-        return int(S.si[N_REQ] - S.si[NEXT_ARRIVAL] + S.heap_n.sum() + S.si[N_HELD])
+        return int(S.si[state.N_REQ] - S.si[state.NEXT_ARRIVAL] + S.heap_n.sum() + S.si[state.N_HELD])
 
     def output_length(self, max_tokens: int, min_tokens: int, forced: bool) -> int:
         if forced:
@@ -273,12 +267,12 @@ class Driver:
         st.aborted = True
         RI = self.eng.S.RI
         r = st.rid
-        status = RI[STATUS, r]
-        if status in (UNDELIVERED, WAITING) and RI[GENERATED, r] == 0:
-            RI[PROMPT, r] = 1     # never ran: pass through the batch at (almost) no cost
-            RI[OUTPUT, r] = 1
-        elif status in (UNDELIVERED, WAITING, RUNNING, HELD):
-            RI[OUTPUT, r] = min(int(RI[OUTPUT, r]), int(RI[GENERATED, r]) + 1)
+        status = RI[state.STATUS, r]
+        if status in (state.UNDELIVERED, state.WAITING) and RI[state.GENERATED, r] == 0:
+            RI[state.PROMPT, r] = 1     # never ran: pass through the batch at (almost) no cost
+            RI[state.OUTPUT, r] = 1
+        elif status in (state.UNDELIVERED, state.WAITING, state.RUNNING, state.HELD):
+            RI[state.OUTPUT, r] = min(int(RI[state.OUTPUT, r]), int(RI[state.GENERATED, r]) + 1)
 
     # --- the loop ---------------------------------------------------------------------------
     def on_done(self, task) -> None:
@@ -333,17 +327,17 @@ class Driver:
         end, dt = it.end_ms, it.end_ms - it.start_ms
         self.busy_ms += dt
         # prefill tokens of this iteration: requests that entered the batch in it
-        entered = ran[RI[ENTERED, ran] == S.si[ITERATIONS] - 1]
-        P = int((RI[PROMPT, entered] + RI[GENERATED, entered] - 1).sum()) if entered.size else 0
+        entered = ran[RI[state.ENTERED, ran] == S.si[state.ITERATIONS] - 1]
+        P = int((RI[state.PROMPT, entered] + RI[state.GENERATED, entered] - 1).sum()) if entered.size else 0
         self.m_iter_tokens.observe(B + P, lab)
         self.m_iters.inc(1, lab)
         self.m_busy.inc(dt / 1e3, lab)
         self.m_gen.inc(B, lab)
         first = set(it.first.tolist())
         for r in it.first.tolist():
-            self.m_prompt.inc(int(RI[PROMPT, r]), lab)
-            self.m_ttft.observe((RF[FIRST, r] - RF[ARRIVAL, r]) / 1e3, lab)
-            self.m_queue.observe((RF[ADMITTED, r] - RF[ARRIVAL, r]) / 1e3, lab)
+            self.m_prompt.inc(int(RI[state.PROMPT, r]), lab)
+            self.m_ttft.observe((RF[state.FIRST, r] - RF[state.ARRIVAL, r]) / 1e3, lab)
+            self.m_queue.observe((RF[state.ADMITTED, r] - RF[state.ARRIVAL, r]) / 1e3, lab)
         reqs = self.reqs
         for r in ran.tolist():
             st = reqs.get(r)
@@ -359,10 +353,11 @@ class Driver:
                 st.event.set()
         for r in it.finished.tolist():
             st = reqs.pop(r, None)
-            self.m_e2e.observe((RF[FINISH, r] - RF[ARRIVAL, r]) / 1e3, lab)
+            self.m_e2e.observe((RF[state.FINISH, r] - RF[state.ARRIVAL, r]) / 1e3, lab)
             if st is None:
                 continue
-            reason = "abort" if st.aborted else ("length" if RI[GENERATED, r] >= st.max_tokens else "stop")
+            reason = ("abort" if st.aborted else
+                      "length" if RI[state.GENERATED, r] >= st.max_tokens else "stop")
             self.m_success.inc(1, lab + (reason,))
             st.finished = True
             st.event.set()
@@ -387,12 +382,13 @@ class Driver:
             "model_clock_ms": self.eng.now_ms,
             "requests_submitted": self.n_submitted,
             "requests_rejected_queue_full": self.n_rejected_429,
-            "running": int(S.si[N_RUNNING]),
+            "running": int(S.si[state.N_RUNNING]),
             "waiting": self.n_waiting(),
-            "iterations": int(S.si[ITERATIONS]),
+            "iterations": int(S.si[state.ITERATIONS]),
             "busy_ms": self.busy_ms,
             "tenants": dict(self.tenant_map),
-            "tenant_machine_ms": {name: float(S.TF[T_MACHINE, i]) for name, i in self.tenant_map.items()},
+            "tenant_machine_ms": {name: float(S.TF[state.T_MACHINE, i])
+                                  for name, i in self.tenant_map.items()},
             "emission_lag_ms": pct(lags),
             "write_lag_ms": pct(wl),
             "timing_note": "lag = actual emission (or socket write) minus the engine model's intended iteration end",

@@ -23,6 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from multiprocessing.process import BaseProcess
 from typing import Optional
 
 from aiohttp import web
@@ -436,7 +437,10 @@ class ReplayServer:
                  process: bool = False):
         self.routes, self.host, self.port, self.model, self.process = routes, host, port, model, process
         self.state: dict = {}
-        self._loop = self._thread = self._runner = self._proc = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._runner: Optional[web.AppRunner] = None
+        self._proc: Optional[BaseProcess] = None
 
     def url(self, route: str) -> str:
         """The OpenAI base URL (ending in /v1) of a route."""
@@ -478,6 +482,7 @@ class ReplayServer:
             self._proc.join(5)
             self._proc = None
         if self._thread is not None:
+            assert self._loop is not None       # start() sets the loop before the thread
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
             self._thread = None

@@ -34,7 +34,7 @@ from fairlib.sim.engine import Engine
 from fairlib.sim.gate import PolicyGate, sample_rows
 from fairlib.sim.online import OnlineEngine
 from fairlib.sim.simulate import request_columns
-from fairlib.sim.state import CHARGED
+from fairlib.sim import state
 
 __all__ = ["simulate_gateway", "GatewayRun"]
 
@@ -91,9 +91,7 @@ def simulate_gateway(requests, engine: Optional[Engine] = None, replicas: int = 
     replicas = int(replicas)
     cols, n_t = request_columns(requests, n_tenants)
     n = len(cols["arrival_ms"])
-    est = cols.get("est_output_tokens", cols["output_tokens"])
     klass = cols.get("klass", np.zeros(n, np.int64))
-    prio = cols.get("priority", np.zeros(n, np.int64))
     n_classes = int(klass.max()) + 1 if n else 1
     horizon = math.inf if horizon_ms is None else float(horizon_ms)
     gate = PolicyGate(policy, n_tenants=n_t, slots=engine.max_batch * replicas,
@@ -102,63 +100,15 @@ def simulate_gateway(requests, engine: Optional[Engine] = None, replicas: int = 
     missing = [c for c in gate.policy.needs if c not in cols and not (c == "priority" and "klass" in cols)]
     if missing:
         raise ValueError(f"policy {gate.policy.name!r} needs the requests column(s) {missing}")
-    reps = [OnlineEngine(engine, "fcfs", n_tenants=n_t, capacity=64) for _ in range(replicas)]
-    healthy = [True] * replicas
-    busy = [False] * replicas
-    inflight = [0] * replicas
-    back = [dict() for _ in range(replicas)]       # replica's request id -> gate id
-    rejected = np.zeros(n, bool)
-    retry = np.full(n, np.nan)
-    dispatched = np.full(n, np.nan)
-    first = np.full(n, np.nan)
-    finish = np.full(n, np.nan)
-    generated = np.zeros(n, np.int64)
-    where = np.full(n, -1, np.int64)
-    gid = np.full(n, -1, np.int64)                  # table row -> gate id
-    row_of = {}
-
-    to_start: set = set()          # replicas to start once every event of this instant is in
-    q: list = []
+    c = _Cluster(cols, n_t, engine, replicas, gate, limiter)
+    q = c.q
     for i, (t, k, what) in enumerate(_events(events, replicas)):
         heapq.heappush(q, (t, _EVENT, i, (k, what)))
     for i in range(n):
         heapq.heappush(q, (float(cols["arrival_ms"][i]), _ARRIVAL, i, None))
-
-    def start(k: int, t: float) -> None:
-        eng = reps[k]
-        eng.advance(t)
-        it = eng.step()
-        if it.code == loop.RAN:
-            busy[k] = True
-            heapq.heappush(q, (it.end_ms, _ITER, k, it))
-        else:
-            busy[k] = False
-
-    def pump(t: float) -> None:
-        open_slots = sum(engine.max_batch if healthy[k] else inflight[k] for k in range(replicas))
-        for rid in gate.admit(t, open_slots):
-            best = -1
-            for k in range(replicas):
-                if healthy[k] and inflight[k] < engine.max_batch and (best < 0 or inflight[k] < inflight[best]):
-                    best = k
-            if best < 0:                # cannot happen: open_slots counts only what can be taken
-                gate.withdraw(rid, t)
-                continue
-            i = row_of[rid]
-            e_rid = reps[best].submit(int(cols["tenant"][i]), int(cols["prompt_tokens"][i]),
-                                      int(cols["output_tokens"][i]), t)
-            back[best][e_rid] = rid
-            inflight[best] += 1
-            dispatched[i], where[i] = t, best
-            to_start.add(best)
-
-    sample_rows_: list = []
+    samples: list = []
     next_sample = 0.0 if sample_ms else math.inf
-    rej_count = np.zeros(n_t, np.int64)
-
-    def sample(t_s: float) -> None:
-        sample_rows_.extend(sample_rows(gate, t_s, rej_count, sum(healthy)))
-
+    step_ms = float(sample_ms or math.inf)
     end = 0.0
     while q:
         t, kind, idx, data = q[0]
@@ -166,62 +116,145 @@ def simulate_gateway(requests, engine: Optional[Engine] = None, replicas: int = 
             break
         heapq.heappop(q)
         while next_sample <= t:
-            sample(next_sample)
-            next_sample += sample_ms
+            samples.extend(sample_rows(gate, next_sample, c.rej_count, sum(c.healthy)))
+            next_sample += step_ms
         end = t
         if kind == _ITER:
-            k, it = idx, data
-            busy[k] = False
-            ids = [back[k][int(r)] for r in it.ran]
-            fin = set(int(r) for r in it.finished)
-            gate.observe(ids, [1] * len(ids), [int(r) in fin for r in it.ran], it.end_ms - it.start_ms, it.end_ms)
-            for r in it.first:
-                first[row_of[back[k][int(r)]]] = it.end_ms
-            for r in it.ran:
-                generated[row_of[back[k][int(r)]]] += 1
-            for r in fin:
-                i_f = row_of[back[k].pop(r)]
-                finish[i_f] = it.end_ms
-                if limiter is not None:
-                    limiter.finished(int(cols["tenant"][i_f]), int(cols["prompt_tokens"][i_f]),
-                                     int(generated[i_f]), it.end_ms)
-            inflight[k] -= len(fin)
-            to_start.add(k)
-            pump(t)
+            c.on_iteration(idx, data, t)
         elif kind == _EVENT:
             k, what = data
-            healthy[k] = what == "up"
-            gate.set_replicas(sum(healthy), t)
-            pump(t)
+            c.on_event(k, what, t)
         else:
-            i = idx
-            tn = int(cols["tenant"][i])
-            if limiter is not None and not limiter.allow(tn, t):     # refused in front of the gate
-                rejected[i] = True
-                rej_count[tn] += 1
-                retry[i] = limiter.retry_after_ms(tn, t)
-            else:
-                rid, ok = gate.arrive(tn, int(cols["prompt_tokens"][i]), t, int(est[i]), int(klass[i]), int(prio[i]))
-                gid[i] = rid
-                row_of[rid] = i
-                if not ok:
-                    rejected[i] = True
-                    rej_count[tn] += 1
-                    ra = gate.retry_after_s(tn, t)
-                    retry[i] = np.nan if ra is None else ra * 1e3
-                else:
-                    pump(t)
+            c.on_arrival(idx, t)
         if not q or q[0][0] > t:
-            for k in sorted(to_start):
-                if not busy[k] and reps[k].has_work():
-                    start(k, t)
-            to_start.clear()
+            c.start_idle(t)
     if sample_ms and math.isfinite(horizon):
         while next_sample <= horizon:
-            sample(next_sample)
+            samples.extend(sample_rows(gate, next_sample, c.rej_count, sum(c.healthy)))
             next_sample += sample_ms
-    out = pd.DataFrame({c: cols[c] for c in cols})
-    out = out.assign(rejected=rejected, retry_after_ms=retry, dispatched_ms=dispatched, replica=where,
-                     first_token_ms=first, finish_ms=finish, generated=generated)
-    out["charged_ms"] = [float(gate.S.RF[CHARGED, r]) if r >= 0 else 0.0 for r in gid]
-    return GatewayRun(out, pd.DataFrame(sample_rows_), gate, end)
+    return GatewayRun(c.table(), pd.DataFrame(samples), gate, end)
+
+
+class _Cluster:
+    """:func:`simulate_gateway`'s state: the gate, the replicas (health, iteration running, requests
+    held, their ids), the event queue and each request's row of the result."""
+
+    def __init__(self, cols: dict, n_t: int, engine: Engine, replicas: int, gate: PolicyGate, limiter):
+        n = len(cols["arrival_ms"])
+        self.cols, self.engine, self.gate, self.limiter = cols, engine, gate, limiter
+        self.est = cols.get("est_output_tokens", cols["output_tokens"])
+        self.klass = cols.get("klass", np.zeros(n, np.int64))
+        self.prio = cols.get("priority", np.zeros(n, np.int64))
+        self.reps = [OnlineEngine(engine, "fcfs", n_tenants=n_t, capacity=64) for _ in range(replicas)]
+        self.healthy = [True] * replicas
+        self.busy = [False] * replicas
+        self.inflight = [0] * replicas
+        self.back: list = [dict() for _ in range(replicas)]   # replica's request id -> gate id
+        self.rejected = np.zeros(n, bool)
+        self.retry = np.full(n, np.nan)
+        self.dispatched = np.full(n, np.nan)
+        self.first = np.full(n, np.nan)
+        self.finish = np.full(n, np.nan)
+        self.generated = np.zeros(n, np.int64)
+        self.where = np.full(n, -1, np.int64)
+        self.gid = np.full(n, -1, np.int64)                  # table row -> gate id
+        self.row_of: dict = {}
+        self.to_start: set = set()          # replicas to start once every event of this instant is in
+        self.q: list = []
+        self.rej_count = np.zeros(n_t, np.int64)
+
+    def start(self, k: int, t: float) -> None:
+        """Replica ``k`` starts an iteration at ``t`` (its end queued) when it has work."""
+        eng = self.reps[k]
+        eng.advance(t)
+        it = eng.step()
+        if it.code == loop.RAN:
+            self.busy[k] = True
+            heapq.heappush(self.q, (it.end_ms, _ITER, k, it))
+        else:
+            self.busy[k] = False
+
+    def start_idle(self, t: float) -> None:
+        """Once every event of instant ``t`` is in: each idle replica with requests starts."""
+        for k in sorted(self.to_start):
+            if not self.busy[k] and self.reps[k].has_work():
+                self.start(k, t)
+        self.to_start.clear()
+
+    def pump(self, t: float) -> None:
+        """The gate fills the open slots; each admitted request goes to the healthy replica holding
+        the fewest (ties: the first)."""
+        engine, reps, inflight, healthy = self.engine, self.reps, self.inflight, self.healthy
+        open_slots = sum(engine.max_batch if healthy[k] else inflight[k] for k in range(len(reps)))
+        for rid in self.gate.admit(t, open_slots):
+            best = -1
+            for k in range(len(reps)):
+                if healthy[k] and inflight[k] < engine.max_batch and (best < 0 or inflight[k] < inflight[best]):
+                    best = k
+            if best < 0:                # cannot happen: open_slots counts only what can be taken
+                self.gate.withdraw(rid, t)
+                continue
+            i = self.row_of[rid]
+            e_rid = reps[best].submit(int(self.cols["tenant"][i]), int(self.cols["prompt_tokens"][i]),
+                                      int(self.cols["output_tokens"][i]), t)
+            self.back[best][e_rid] = rid
+            inflight[best] += 1
+            self.dispatched[i], self.where[i] = t, best
+            self.to_start.add(best)
+
+    def on_iteration(self, k: int, it, t: float) -> None:
+        """Replica ``k``'s iteration ``it`` ended: the gate observes it, first tokens, tokens and
+        finishes are recorded (each finish reported to the limiter)."""
+        back, row_of, cols = self.back[k], self.row_of, self.cols
+        self.busy[k] = False
+        ids = [back[int(r)] for r in it.ran]
+        fin = set(int(r) for r in it.finished)
+        self.gate.observe(ids, [1] * len(ids), [int(r) in fin for r in it.ran], it.end_ms - it.start_ms, it.end_ms)
+        for r in it.first:
+            self.first[row_of[back[int(r)]]] = it.end_ms
+        for r in it.ran:
+            self.generated[row_of[back[int(r)]]] += 1
+        for r in fin:
+            i_f = row_of[back.pop(r)]
+            self.finish[i_f] = it.end_ms
+            if self.limiter is not None:
+                self.limiter.finished(int(cols["tenant"][i_f]), int(cols["prompt_tokens"][i_f]),
+                                      int(self.generated[i_f]), it.end_ms)
+        self.inflight[k] -= len(fin)
+        self.to_start.add(k)
+        self.pump(t)
+
+    def on_event(self, k: int, what: str, t: float) -> None:
+        """Replica ``k`` goes ``"down"`` (takes no new request) or ``"up"``."""
+        self.healthy[k] = what == "up"
+        self.gate.set_replicas(sum(self.healthy), t)
+        self.pump(t)
+
+    def on_arrival(self, i: int, t: float) -> None:
+        """Request ``i`` arrives: refused by the limiter or the gate (its Retry-After kept), or queued."""
+        tn = int(self.cols["tenant"][i])
+        if self.limiter is not None and not self.limiter.allow(tn, t):     # refused in front of the gate
+            self.rejected[i] = True
+            self.rej_count[tn] += 1
+            self.retry[i] = self.limiter.retry_after_ms(tn, t)
+            return
+        rid, ok = self.gate.arrive(tn, int(self.cols["prompt_tokens"][i]), t, int(self.est[i]), int(self.klass[i]),
+                                   int(self.prio[i]))
+        self.gid[i] = rid
+        self.row_of[rid] = i
+        if not ok:
+            self.rejected[i] = True
+            self.rej_count[tn] += 1
+            ra = self.gate.retry_after_s(tn, t)
+            self.retry[i] = np.nan if ra is None else ra * 1e3
+        else:
+            self.pump(t)
+
+    def table(self) -> pd.DataFrame:
+        """The requests with what happened to each, and the machine time the gate charged it."""
+        out = pd.DataFrame({c: self.cols[c] for c in self.cols})
+        out = out.assign(rejected=self.rejected, retry_after_ms=self.retry, dispatched_ms=self.dispatched,
+                         replica=self.where, first_token_ms=self.first, finish_ms=self.finish,
+                         generated=self.generated)
+        out["charged_ms"] = [float(self.gate.S.RF[state.CHARGED, r]) if r >= 0 else 0.0 for r in self.gid]
+        return out

@@ -3,16 +3,22 @@
 One iteration with ``B`` running sequences and ``P`` prompt tokens prefilled costs
 
     dt = iter_base_ms + iter_slope_ms * B + prefill_ms_per_token * P.
+
+``load_engine_params`` reads an engine's fields from JSON or TOML (an ``Engine``'s fields, or a
+probe or fit result with an ``"engine"`` table), for the servers' command lines.
 """
 from __future__ import annotations
 
+import json
 import math
+import tomllib
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-__all__ = ["Engine", "SEED000_ENGINE", "BATCHING"]
+__all__ = ["Engine", "SEED000_ENGINE", "BATCHING", "ENGINE_FIELDS", "load_engine_params"]
 
 #: ``continuous``: a request joins the running batch at any iteration (vLLM, the book's default);
 #: ``static``: the batch-synchronous worker of DriftSched's code (book/engine-model.md): while a
@@ -30,7 +36,47 @@ def _positive_int(name: str, value) -> int:
 
 @dataclass(frozen=True)
 class Engine:
-    """Cost and capacity parameters of one replica (times in ms)."""
+    """Cost and capacity parameters of one replica (times in ms).
+
+    One iteration with ``B`` running sequences and ``P`` prompt tokens prefilled costs
+    ``dt = iter_base_ms + iter_slope_ms * B + prefill_ms_per_token * P`` (:meth:`iteration_ms`);
+    a running sequence is charged ``(iter_base_ms + iter_slope_ms * B) / B`` per iteration
+    (:meth:`per_seq_ms`). The defaults are seed 000's replica (``SEED000_ENGINE``).
+
+    Parameters
+    ----------
+    iter_base_ms : float, default 9.0
+        Fixed cost of one iteration (ms, finite, >= 0).
+    iter_slope_ms : float, default 0.55
+        Cost per running sequence per iteration (ms, finite, >= 0); ``iter_base_ms +
+        iter_slope_ms`` must be > 0.
+    prefill_ms_per_token : float, default 0.06
+        Cost per prompt token prefilled (ms, finite, >= 0).
+    max_batch : int, default 24
+        Most sequences running at once (>= 1).
+    max_prefill_tokens : int, optional
+        Most prompt tokens prefilled in one iteration (>= 1); ``None``: no limit.
+    kv_capacity_tokens : int, optional
+        KV cache size in tokens (>= 1): the running sequences' prompt + generated tokens must fit;
+        ``None``: no limit.
+    batching : {"continuous", "static"}, default "continuous"
+        ``continuous``: a request joins the running batch at any iteration (vLLM);
+        ``static``: a batch runs to its last finish before another forms (``BATCHING``).
+    fill_wait_ms : float, default 10.0
+        Static batching only: how long (ms, finite, >= 0) a free worker holding its first request
+        waits for more to arrive.
+
+    Raises
+    ------
+    ValueError
+        A field out of range, naming it (``Engine.max_batch must be an integer >= 1, ...``).
+
+    Examples
+    --------
+    >>> from fairlib import Engine
+    >>> round(float(Engine().iteration_ms(24, 100)), 9)    # 9 + 0.55 * 24 + 0.06 * 100
+    28.2
+    """
 
     iter_base_ms: float = 9.0
     iter_slope_ms: float = 0.55
@@ -111,3 +157,34 @@ class Engine:
 
 #: The seed-000 replica: dt = 9 + 0.55 B + 0.06 P ms, max_batch 24.
 SEED000_ENGINE = Engine(9.0, 0.55, 0.06, 24)
+
+
+#: the fields a probe or fit writes of a continuous-batching engine (what ``load_engine_params`` takes)
+ENGINE_FIELDS = ("iter_base_ms", "iter_slope_ms", "prefill_ms_per_token", "max_batch", "max_prefill_tokens",
+                 "kv_capacity_tokens")
+
+
+def load_engine_params(spec) -> dict:
+    """Engine fields from a JSON string, a ``.json``/``.toml`` file, or a mapping.
+
+    A mapping with an ``"engine"`` key (a probe result, ``fairlib.calibrate.probe``) uses that sub-table.
+    Unknown keys are an error (a misspelt parameter must not be silently ignored)."""
+    if isinstance(spec, dict):
+        d = dict(spec)
+    else:
+        s = str(spec).strip()
+        p = Path(s)
+        if s.startswith("{"):
+            d = json.loads(s)
+        elif p.suffix == ".toml":
+            d = tomllib.loads(p.read_text(encoding="utf-8"))
+        elif p.exists():
+            d = json.loads(p.read_text(encoding="utf-8"))
+        else:
+            raise ValueError(f"engine params: {s!r} is neither a JSON object nor an existing .json/.toml file")
+    if isinstance(d.get("engine"), dict):
+        d = d["engine"]
+    unknown = sorted(set(d) - set(ENGINE_FIELDS))
+    if unknown:
+        raise ValueError(f"engine params: unknown field(s) {unknown}; allowed: {', '.join(ENGINE_FIELDS)}")
+    return d

@@ -34,29 +34,8 @@ import pandas as pd
 from fairlib.sim import observed
 from fairlib.sim.online import append_request
 from fairlib.sim.policies import make_policy
-from fairlib.sim.state import (
-    ADMITTED,
-    CHARGED,
-    FIRST,
-    GENERATED,
-    N_REQ,
-    N_RUNNING,
-    PROMPT,
-    REJECTED,
-    RUN_IDS,
-    STATUS,
-    T_ADMITTED,
-    T_DECODE,
-    T_FINISHED,
-    T_MACHINE,
-    T_PREFILL,
-    T_REJECTED,
-    T_RUNNING,
-    T_TOKENS,
-    TENANT,
-    WAITING,
-    allocate,
-)
+from fairlib.sim import state
+from fairlib.sim.state import allocate
 
 __all__ = ["PolicyGate", "UNKNOWN_OUTPUT", "replay", "replay_samples", "sample_rows"]
 
@@ -114,7 +93,7 @@ class PolicyGate:
         self.S, rid = append_request(self.S, self.policy, self.n_tenants, self.n_classes, self.priority_levels,
                                      tenant, prompt_tokens, UNKNOWN_OUTPUT, a, est, klass, priority)
         observed.arrive(self.S, self.E, self.policy.pid, self.pf, self.pi, t)
-        ok = bool(self.S.RI[STATUS, rid] != REJECTED)
+        ok = bool(self.S.RI[state.STATUS, rid] != state.REJECTED)
         if self.record:
             self.log.append(["arrive", t, int(tenant), int(prompt_tokens),
                              None if est_output_tokens is None else int(est_output_tokens), int(klass), int(priority),
@@ -129,9 +108,9 @@ class PolicyGate:
         if cap < 0:
             raise ValueError(f"open_slots must be >= 0, got {open_slots!r}")
         self.E[3] = float(min(cap, self.slots))
-        before = int(self.S.si[N_RUNNING])
+        before = int(self.S.si[state.N_RUNNING])
         k = observed.admit(self.S, self.E, self.policy.pid, self.pf, self.pi, t)
-        ids = [int(x) for x in self.S.BT[RUN_IDS, before:before + k]]
+        ids = [int(x) for x in self.S.BT[state.RUN_IDS, before:before + k]]
         if self.record and (ids or getattr(self.policy, "clocked", False)):
             self.log.append(["admit", t, cap, ids])    # a clocked policy's select moves its state
         return ids
@@ -187,25 +166,25 @@ class PolicyGate:
     # --- state ----------------------------------------------------------------------------------
     @property
     def n_requests(self) -> int:
-        return int(self.S.si[N_REQ])
+        return int(self.S.si[state.N_REQ])
 
     @property
     def in_flight(self) -> int:
-        return int(self.S.si[N_RUNNING])
+        return int(self.S.si[state.N_RUNNING])
 
     @property
     def waiting(self) -> int:
         return int(self.S.heap_n.sum())
 
     def running_ids(self) -> list:
-        return [int(x) for x in self.S.BT[RUN_IDS, :self.S.si[N_RUNNING]]]
+        return [int(x) for x in self.S.BT[state.RUN_IDS, :self.S.si[state.N_RUNNING]]]
 
     def waiting_of(self) -> np.ndarray:
         """Requests waiting, per tenant."""
         n = self.n_requests
         RI = self.S.RI
-        w = RI[STATUS, :n] == WAITING
-        return np.bincount(RI[TENANT, :n][w], minlength=self.n_tenants)
+        w = RI[state.STATUS, :n] == state.WAITING
+        return np.bincount(RI[state.TENANT, :n][w], minlength=self.n_tenants)
 
     def counters(self) -> Optional[np.ndarray]:
         """The policy's per-tenant counters (None for a policy without)."""
@@ -215,10 +194,10 @@ class PolicyGate:
         """Per tenant (arrays): machine / prefill / decode ms charged, tokens, admitted, finished,
         rejected, in flight, waiting; the policy's counters when it keeps them."""
         S = self.S
-        out = {"machine_ms": S.TF[T_MACHINE].copy(), "prefill_ms": S.TF[T_PREFILL].copy(),
-               "decode_ms": S.TF[T_DECODE].copy(), "output_tokens": S.TI[T_TOKENS].copy(),
-               "admitted": S.TI[T_ADMITTED].copy(), "finished": S.TI[T_FINISHED].copy(),
-               "rejected": S.TI[T_REJECTED].copy(), "in_flight": S.TI[T_RUNNING].copy(),
+        out = {"machine_ms": S.TF[state.T_MACHINE].copy(), "prefill_ms": S.TF[state.T_PREFILL].copy(),
+               "decode_ms": S.TF[state.T_DECODE].copy(), "output_tokens": S.TI[state.T_TOKENS].copy(),
+               "admitted": S.TI[state.T_ADMITTED].copy(), "finished": S.TI[state.T_FINISHED].copy(),
+               "rejected": S.TI[state.T_REJECTED].copy(), "in_flight": S.TI[state.T_RUNNING].copy(),
                "waiting": self.waiting_of()}
         c = self.counters()
         if c is not None:
@@ -227,9 +206,24 @@ class PolicyGate:
 
     def request(self, rid: int) -> dict:
         RF, RI = self.S.RF, self.S.RI
-        return {"tenant": int(RI[TENANT, rid]), "status": int(RI[STATUS, rid]), "prompt_tokens": int(RI[PROMPT, rid]),
-                "generated": int(RI[GENERATED, rid]), "admitted_ms": float(RF[ADMITTED, rid]),
-                "first_token_ms": float(RF[FIRST, rid]), "charged_ms": float(RF[CHARGED, rid])}
+        return {"tenant": int(RI[state.TENANT, rid]), "status": int(RI[state.STATUS, rid]),
+                "prompt_tokens": int(RI[state.PROMPT, rid]),
+                "generated": int(RI[state.GENERATED, rid]), "admitted_ms": float(RF[state.ADMITTED, rid]),
+                "first_token_ms": float(RF[state.FIRST, rid]), "charged_ms": float(RF[state.CHARGED, rid])}
+
+    def set_slots(self, per_replica: int, t_ms: float) -> None:
+        """Each replica takes ``per_replica`` requests from ``t_ms`` on (the gateway's in-flight
+        credit moved: fairlib/sim/credit.py): a policy with ``apply_slots`` (token_pool: its
+        ``replica_slots``) follows; the others ignore it (the open slots come with each admit)."""
+        t = _check_time("t_ms", t_ms)
+        n = int(per_replica)
+        if n < 1:
+            raise ValueError(f"per_replica must be an integer >= 1, got {per_replica!r}")
+        if self.record:
+            self.log.append(["slots", t, n])
+        fn = getattr(self.policy, "apply_slots", None)
+        if fn is not None:
+            fn(self.pf, n)
 
     def retry_after_s(self, tenant: int, t_ms: float) -> Optional[float]:
         """When a request of ``tenant`` rejected at ``t_ms`` could be accepted (the policy's own
@@ -257,9 +251,9 @@ def _feed(gate: PolicyGate, i: int, ev) -> None:
             raise ValueError(f"replay: event {i} ({kind}) gave {got}, the log says {(rid, ok)}")
     elif kind == "admit":
         _, t, cap, ids = ev
-        got = gate.admit(t, cap)
-        if got != list(ids):
-            raise ValueError(f"replay: event {i} (admit at {t} ms) admitted {got}, the log says {list(ids)}")
+        admitted = gate.admit(t, cap)
+        if admitted != list(ids):
+            raise ValueError(f"replay: event {i} (admit at {t} ms) admitted {admitted}, the log says {list(ids)}")
     elif kind == "step":
         _, t, dt, ids, toks, fin = ev
         gate.observe(ids, toks, fin, dt, t)
@@ -267,6 +261,8 @@ def _feed(gate: PolicyGate, i: int, ev) -> None:
         gate.withdraw(ev[2], ev[1])
     elif kind == "replicas":
         gate.set_replicas(ev[2], ev[1])
+    elif kind == "slots":
+        gate.set_slots(ev[2], ev[1])
     else:
         raise ValueError(f"replay: event {i} has an unknown kind {kind!r}")
 
@@ -280,7 +276,7 @@ def replay(spec: dict, log: Sequence) -> PolicyGate:
     return gate
 
 
-def sample_rows(gate: PolicyGate, t_ms: float, rejected: Sequence[int], replicas: int) -> list:
+def sample_rows(gate: PolicyGate, t_ms: float, rejected, replicas: int) -> list:
     """One row per tenant of the gate's state at ``t_ms``: machine ms charged, output tokens,
     waiting, in flight, ``rejected`` (the caller's count), ``replicas``; a pool policy's
     ``reserved_ms`` and ``debt_ms`` brought to ``t_ms`` (its ``pool_state``)."""

@@ -17,32 +17,8 @@ import numpy as np
 from fairlib.sim import loop
 from fairlib.sim.engine import Engine
 from fairlib.sim.policies import make_policy
-from fairlib.sim.state import (
-    ADMITTED,
-    ARRIVAL,
-    CHARGED,
-    EST,
-    FINISH,
-    FIRST,
-    GENERATED,
-    KEY,
-    KLASS,
-    LAST_B,
-    LAST_IDS,
-    LINE,
-    N_REQ,
-    N_RUNNING,
-    NEXT_ARRIVAL,
-    OUTPUT,
-    PREEMPT,
-    PROMPT,
-    REJECTED,
-    STATUS,
-    T_NOW,
-    TENANT,
-    allocate,
-    grow,
-)
+from fairlib.sim import state
+from fairlib.sim.state import allocate, grow
 
 __all__ = ["OnlineEngine", "Iteration", "append_request"]
 
@@ -84,19 +60,20 @@ class OnlineEngine:
 
     @property
     def now_ms(self) -> float:
-        return float(self.S.sf[T_NOW])
+        return float(self.S.sf[state.T_NOW])
 
     @property
     def n_requests(self) -> int:
-        return int(self.S.si[N_REQ])
+        return int(self.S.si[state.N_REQ])
 
     @property
     def running(self) -> int:
-        return int(self.S.si[N_RUNNING])
+        return int(self.S.si[state.N_RUNNING])
 
     def has_work(self) -> bool:
         """Something runs or waits, or an arrival is not yet delivered."""
-        return self.running > 0 or self.S.si[NEXT_ARRIVAL] < self.S.si[N_REQ] or bool(self.S.heap_n.sum() > 0)
+        si = self.S.si
+        return self.running > 0 or si[state.NEXT_ARRIVAL] < si[state.N_REQ] or bool(self.S.heap_n.sum() > 0)
 
     def submit(self, tenant: int, prompt_tokens: int, output_tokens: int, arrival_ms: Optional[float] = None,
                est_output_tokens: Optional[int] = None, klass: int = 0, priority: int = 0) -> int:
@@ -110,33 +87,34 @@ class OnlineEngine:
     def advance(self, t_ms: float) -> None:
         """Move an idle engine's clock forward to `t_ms` (the wall clock of a real-time server)."""
         if self.running == 0 and t_ms > self.now_ms:
-            self.S.sf[T_NOW] = t_ms
+            self.S.sf[state.T_NOW] = t_ms
 
     def step(self) -> Iteration:
         """One iteration of the engine model at the current clock."""
         start = self.now_ms
-        delivered_from = int(self.S.si[NEXT_ARRIVAL])
+        delivered_from = int(self.S.si[state.NEXT_ARRIVAL])
         code = loop.step_once(self.S, self.E, self.policy.pid, self.pf, self.pi)
         RI, RF = self.S.RI, self.S.RF
-        upto = int(self.S.si[NEXT_ARRIVAL])
+        upto = int(self.S.si[state.NEXT_ARRIVAL])
         new = np.arange(delivered_from, upto)
-        rejected = new[RI[STATUS, new] == REJECTED]
+        rejected = new[RI[state.STATUS, new] == state.REJECTED]
         if code != loop.RAN:
             empty = np.zeros(0, np.int64)
             return Iteration(code, start, self.now_ms, empty, empty, empty, rejected)
-        ran = self.S.BT[LAST_IDS, :self.S.si[LAST_B]].copy()
+        ran = self.S.BT[state.LAST_IDS, :self.S.si[state.LAST_B]].copy()
         end = self.now_ms
-        first = ran[RI[GENERATED, ran] == 1]
-        finished = ran[RF[FINISH, ran] == end]
+        first = ran[RI[state.GENERATED, ran] == 1]
+        finished = ran[RF[state.FINISH, ran] == end]
         return Iteration(code, start, end, ran, first, finished, rejected)
 
     def request(self, rid: int) -> dict:
         """One request's state and outcome so far."""
         RF, RI = self.S.RF, self.S.RI
-        return {"tenant": int(RI[TENANT, rid]), "status": int(RI[STATUS, rid]), "generated": int(RI[GENERATED, rid]),
-                "admitted_ms": float(RF[ADMITTED, rid]), "first_token_ms": float(RF[FIRST, rid]),
-                "finish_ms": float(RF[FINISH, rid]), "charged_ms": float(RF[CHARGED, rid]),
-                "preemptions": int(RI[PREEMPT, rid])}
+        return {"tenant": int(RI[state.TENANT, rid]), "status": int(RI[state.STATUS, rid]),
+                "generated": int(RI[state.GENERATED, rid]),
+                "admitted_ms": float(RF[state.ADMITTED, rid]), "first_token_ms": float(RF[state.FIRST, rid]),
+                "finish_ms": float(RF[state.FINISH, rid]), "charged_ms": float(RF[state.CHARGED, rid]),
+                "preemptions": int(RI[state.PREEMPT, rid])}
 
 
 def append_request(S, policy, n_tenants: int, n_classes: int, priority_levels, tenant, prompt_tokens, output_tokens,
@@ -148,8 +126,8 @@ def append_request(S, policy, n_tenants: int, n_classes: int, priority_levels, t
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
     if isinstance(tenant, bool) or not float(tenant).is_integer() or not 0 <= tenant < n_tenants:
         raise ValueError(f"tenant must lie in 0..{n_tenants - 1}, got {tenant!r}")
-    n = int(S.si[N_REQ])
-    last = S.RF[ARRIVAL, n - 1] if n else 0.0
+    n = int(S.si[state.N_REQ])
+    last = S.RF[state.ARRIVAL, n - 1] if n else 0.0
     a = float(arrival_ms)
     if math.isnan(a):
         raise ValueError("arrival_ms must be a number, got NaN")
@@ -160,8 +138,8 @@ def append_request(S, policy, n_tenants: int, n_classes: int, priority_levels, t
     if n >= S.RF.shape[1]:
         S = grow(S, 2 * S.RF.shape[1])
     RF, RI = S.RF, S.RI
-    RF[ARRIVAL, n], RF[KEY, n] = a, key[0]
-    RI[TENANT, n], RI[PROMPT, n], RI[OUTPUT, n] = tenant, prompt_tokens, output_tokens
-    RI[EST, n], RI[KLASS, n], RI[LINE, n] = est, klass, line[0]
-    S.si[N_REQ] = n + 1
+    RF[state.ARRIVAL, n], RF[state.KEY, n] = a, key[0]
+    RI[state.TENANT, n], RI[state.PROMPT, n], RI[state.OUTPUT, n] = tenant, prompt_tokens, output_tokens
+    RI[state.EST, n], RI[state.KLASS, n], RI[state.LINE, n] = est, klass, line[0]
+    S.si[state.N_REQ] = n + 1
     return S, n

@@ -18,38 +18,8 @@ import pandas as pd
 from fairlib.sim import loop
 from fairlib.sim.engine import Engine
 from fairlib.sim.policies import Policy, make_policy
-from fairlib.sim.state import (
-    ADMITTED,
-    ARRIVAL,
-    BUSY_MS,
-    CHARGED,
-    DECODE_TOKENS,
-    EST,
-    FINISH,
-    FIRST,
-    GENERATED,
-    ITERATIONS,
-    KEY,
-    KLASS,
-    LINE,
-    N_REQ,
-    OUTPUT,
-    PREEMPT,
-    PROMPT,
-    REJECTED,
-    STATUS,
-    T_ADMITTED,
-    T_DECODE,
-    T_FINISHED,
-    T_MACHINE,
-    T_NOW,
-    T_PREFILL,
-    T_REJECTED,
-    T_TOKENS,
-    TENANT,
-    State,
-    allocate,
-)
+from fairlib.sim import state
+from fairlib.sim.state import State, allocate
 
 __all__ = ["prepare", "simulate", "SimResult", "validate_requests", "request_columns", "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS"]
 
@@ -167,15 +137,15 @@ class RequestArrays:
                                           self.n_tenants)
         sizes = None if capacity else np.bincount(line, minlength=n_lines)
         S = allocate(max(n, capacity or 0), self.n_tenants, n_lines, engine.max_batch, sizes)
-        S.RF[ARRIVAL, :n] = self.arrival
-        S.RF[KEY, :n] = key
-        S.RI[TENANT, :n] = self.tenant
-        S.RI[PROMPT, :n] = self.prompt
-        S.RI[OUTPUT, :n] = self.output
-        S.RI[EST, :n] = self.est
-        S.RI[KLASS, :n] = self.klass
-        S.RI[LINE, :n] = line
-        S.si[N_REQ] = n
+        S.RF[state.ARRIVAL, :n] = self.arrival
+        S.RF[state.KEY, :n] = key
+        S.RI[state.TENANT, :n] = self.tenant
+        S.RI[state.PROMPT, :n] = self.prompt
+        S.RI[state.OUTPUT, :n] = self.output
+        S.RI[state.EST, :n] = self.est
+        S.RI[state.KLASS, :n] = self.klass
+        S.RI[state.LINE, :n] = line
+        S.si[state.N_REQ] = n
         pf, pi = policy.state(self.n_tenants, n)
         return S, pf, pi
 
@@ -186,11 +156,35 @@ def build_state(df: pd.DataFrame, n_tenants: int, engine: Engine, policy: Policy
 
 
 class SimResult:
-    """What one simulated run produced (see book/engine-model.md, Outputs).
+    """What one simulated run produced (see book/engine-model.md, Outputs); made by :func:`simulate`.
 
-    `requests` and `tenants` are DataFrames; given as dicts of column arrays (as `simulate` gives
-    them), each is made a DataFrame on its first read and kept: a run whose tables are never read
-    does no pandas work."""
+    ``requests`` and ``tenants`` are DataFrames; given as dicts of column arrays (as ``simulate``
+    gives them), each is made a DataFrame on its first read and kept: a run whose tables are never
+    read does no pandas work. ``shares`` is ``tenants["share"]`` (machine time / total) and
+    ``max_min`` its ``max / min`` (``inf`` when a tenant got nothing).
+
+    Parameters
+    ----------
+    requests : pandas.DataFrame or dict of numpy.ndarray
+        One row per request: the input columns + ``rejected`` (bool), ``admitted_ms``,
+        ``first_token_ms``, ``finish_ms`` (ms, NaN when it never happened), ``generated``
+        (tokens), ``charged_ms`` (machine ms charged to it), ``preemptions``.
+    tenants : pandas.DataFrame or dict of numpy.ndarray
+        One row per tenant (index ``tenant``): ``name``, ``machine_ms``, ``prefill_ms``,
+        ``decode_ms``, ``decode_tokens``, ``requests_admitted``, ``requests_finished``,
+        ``requests_rejected``, ``share``.
+    run : dict
+        ``busy_ms``, ``iterations``, ``decode_tokens``, ``end_ms`` (the clock at the end) and
+        ``horizon_ms``.
+    engine : Engine
+        The cost model it ran on.
+    policy : Policy
+        The policy object it ran under.
+    counters : numpy.ndarray, optional
+        The per-tenant counters the policy keeps (``Policy.counters``; None if it keeps none).
+    tenant_names : sequence of str, optional
+        The tenants' names, in id order (default: none given, ``[]``).
+    """
 
     def __init__(self, requests, tenants, run: dict, engine: Engine, policy: Policy,
                  counters: Optional[np.ndarray] = None, tenant_names: Optional[Sequence[str]] = None):
@@ -240,23 +234,26 @@ def collect(df, S: State, n: int, engine: Engine, policy: Policy, pf, horizon_ms
     else:   # the arrays request_columns made for this run: the result's own
         columns = {c: a[:n] for c, a in df.items()}
     columns.update({
-        "rejected": S.RI[STATUS, :n] == REJECTED, "admitted_ms": S.RF[ADMITTED, :n].copy(),
-        "first_token_ms": S.RF[FIRST, :n].copy(), "finish_ms": S.RF[FINISH, :n].copy(),
-        "generated": S.RI[GENERATED, :n].copy(), "charged_ms": S.RF[CHARGED, :n].copy(),
-        "preemptions": S.RI[PREEMPT, :n].copy()})
+        "rejected": S.RI[state.STATUS, :n] == state.REJECTED, "admitted_ms": S.RF[state.ADMITTED, :n].copy(),
+        "first_token_ms": S.RF[state.FIRST, :n].copy(), "finish_ms": S.RF[state.FINISH, :n].copy(),
+        "generated": S.RI[state.GENERATED, :n].copy(), "charged_ms": S.RF[state.CHARGED, :n].copy(),
+        "preemptions": S.RI[state.PREEMPT, :n].copy()})
     n_t = S.TF.shape[1]
     names = list(tenant_names) if tenant_names is not None else [str(i) for i in range(n_t)]
-    machine = S.TF[T_MACHINE].copy()
+    machine = S.TF[state.T_MACHINE].copy()
     total = machine.sum()
     ten = {
         "name": names,
-        "machine_ms": machine, "prefill_ms": S.TF[T_PREFILL].copy(), "decode_ms": S.TF[T_DECODE].copy(),
-        "decode_tokens": S.TI[T_TOKENS].copy(), "requests_admitted": S.TI[T_ADMITTED].copy(),
-        "requests_finished": S.TI[T_FINISHED].copy(), "requests_rejected": S.TI[T_REJECTED].copy(),
+        "machine_ms": machine, "prefill_ms": S.TF[state.T_PREFILL].copy(),
+        "decode_ms": S.TF[state.T_DECODE].copy(),
+        "decode_tokens": S.TI[state.T_TOKENS].copy(), "requests_admitted": S.TI[state.T_ADMITTED].copy(),
+        "requests_finished": S.TI[state.T_FINISHED].copy(),
+        "requests_rejected": S.TI[state.T_REJECTED].copy(),
         "share": machine / total if total > 0 else np.full(n_t, np.nan),
     }
-    run = {"busy_ms": float(S.sf[BUSY_MS]), "iterations": int(S.si[ITERATIONS]),
-           "decode_tokens": int(S.si[DECODE_TOKENS]), "end_ms": float(S.sf[T_NOW]), "horizon_ms": horizon_ms}
+    run = {"busy_ms": float(S.sf[state.BUSY_MS]), "iterations": int(S.si[state.ITERATIONS]),
+           "decode_tokens": int(S.si[state.DECODE_TOKENS]), "end_ms": float(S.sf[state.T_NOW]),
+           "horizon_ms": horizon_ms}
     return SimResult(columns, ten, run, engine, policy, policy.counters(pf, n_t), names)
 
 
@@ -290,11 +287,60 @@ def prepare(requests, engine: Optional[Engine], policy, horizon_ms: Optional[flo
 
 def simulate(requests, engine: Optional[Engine] = None, policy="fcfs", horizon_ms: Optional[float] = None,
              n_tenants: Optional[int] = None, tenant_names=None, **policy_params) -> SimResult:
-    """Run `requests` through the engine model under `policy` until `horizon_ms` (None: until done).
+    """Run ``requests`` through the engine model under ``policy`` until ``horizon_ms``.
 
-    requests: DataFrame with arrival_ms, tenant, prompt_tokens, output_tokens
-    (optional est_output_tokens, klass, priority), sorted by arrival.
-    policy: a name from fairlib.sim.policies.POLICIES (parameters as keywords) or a Policy object.
+    Each iteration with ``B`` running sequences and ``P`` prompt tokens prefilled lasts
+    ``dt = iter_base_ms + iter_slope_ms * B + prefill_ms_per_token * P`` (:class:`Engine`); the
+    policy picks whom to admit when a batch slot frees; a tenant's ``share`` is its machine time
+    over the total.
+
+    Parameters
+    ----------
+    requests : pandas.DataFrame or dict of array-like
+        One row per request, sorted by ``arrival_ms`` (ms, >= 0): ``tenant`` (int in
+        ``0..n_tenants-1``), ``prompt_tokens`` and ``output_tokens`` (ints >= 1); optional
+        ``est_output_tokens`` (int >= 1), ``klass`` and ``priority`` (ints) for the policies that
+        read them. Other columns are carried through to ``SimResult.requests``.
+    engine : Engine, optional
+        The replica's cost model; ``None`` is ``Engine()`` (seed 000's).
+    policy : str or Policy, default "fcfs"
+        A name in ``fairlib.sim.policies.POLICIES`` (its parameters as ``**policy_params``) or a
+        policy object (then no ``**policy_params``).
+    horizon_ms : float, optional
+        Simulated time (ms, > 0) at which the run stops; ``None`` runs until every request is
+        done (requests in flight at the horizon stay unfinished: NaN ``finish_ms``).
+    n_tenants : int, optional
+        Number of tenants, 1 to ``MAX_TENANTS`` (65536); default ``len(tenant_names)``, else the
+        largest ``tenant`` id + 1.
+    tenant_names : sequence of str, optional
+        One name per tenant (``SimResult.tenants["name"]``); default ``"0"``, ``"1"``, ...
+    **policy_params
+        The policy's parameters (``make_policy``), e.g. ``weights=[2, 1]`` for ``"vtc"``.
+
+    Returns
+    -------
+    SimResult
+        ``requests``: the input columns + ``rejected``, ``admitted_ms``, ``first_token_ms``,
+        ``finish_ms``, ``generated``, ``charged_ms``, ``preemptions``; ``tenants``: ``name``,
+        ``machine_ms``, ``prefill_ms``, ``decode_ms``, ``decode_tokens``, ``requests_admitted``,
+        ``requests_finished``, ``requests_rejected``, ``share``; ``run``: ``busy_ms``,
+        ``iterations``, ``decode_tokens``, ``end_ms``, ``horizon_ms``.
+
+    Raises
+    ------
+    ValueError
+        For a bad input, naming it: a missing or malformed column, unsorted arrivals, a tenant id
+        out of range, an unknown policy or parameter, a column the policy needs, ``horizon_ms``
+        not > 0, ``tenant_names`` of the wrong length, an ``engine`` that is not an Engine.
+
+    Examples
+    --------
+    >>> import pandas as pd, fairlib
+    >>> req = pd.DataFrame({"arrival_ms": [0.0, 0.0], "tenant": [0, 1],
+    ...                     "prompt_tokens": [10, 10], "output_tokens": [4, 4]})
+    >>> res = fairlib.simulate(req, fairlib.Engine(max_batch=1), "fcfs")
+    >>> res.tenants["requests_finished"].tolist()
+    [1, 1]
     """
     engine, pol, horizon_ms, columns, n_tenants = prepare(requests, engine, policy, horizon_ms, n_tenants,
                                                           tenant_names, policy_params)

@@ -23,7 +23,29 @@ __all__ = ["POLICIES", "Policy", "make_policy", "parse_policy_param"]
 
 
 def make_policy(policy, **params) -> Policy:
-    """A policy object from its name and parameters (or the object itself, unchanged)."""
+    """A policy object from its name and parameters (or the object itself, unchanged).
+
+    Parameters
+    ----------
+    policy : str or Policy
+        A name in :data:`POLICIES` (``fcfs``, ``rpm_quota``, ``vtc``, ``lcf``, ``residency``,
+        ``slot_cap``, ``priority``, ``weighted``, ``sjf``, ``aging``, ``rr``, ``vtc_predict``,
+        ``token_pool``), or a :class:`Policy`, returned as it is.
+    **params
+        The named policy's parameters (its class's ``params``: name -> default, ``None`` =
+        required); none with a Policy object.
+
+    Returns
+    -------
+    Policy
+        The policy, its parameters validated (``Policy.values``).
+
+    Raises
+    ------
+    ValueError
+        An unknown name (the known ones listed), parameters given with a Policy object, an
+        unknown, missing or out-of-range parameter (naming it).
+    """
     if isinstance(policy, Policy):
         if params:
             raise ValueError("policy: pass parameters either to the policy object or to simulate(), not both")

@@ -75,8 +75,11 @@ class Policy:
         `n_requests` requests (None: requests arrive one by one, fairlib/sim/online.py)."""
         return np.zeros(1), np.zeros(1, np.int64)
 
+    #: the unit of :meth:`counters`: "tokens" (weighted service tokens: vtc, lcf) or "ms" (machine time)
+    counter_unit = None
+
     def counters(self, pf, n_tenants):
-        """Per-tenant counters the policy keeps (None if it keeps none)."""
+        """Per-tenant counters the policy keeps (None if it keeps none), in :attr:`counter_unit`."""
         return None
 
     def __repr__(self):

@@ -11,6 +11,7 @@ class Residency(VTC):
     name, pid = "residency", PID_RESIDENCY
     params = {"weights": None}
     residency = 1
+    counter_unit = "ms"
 
     def validate(self, v):
         w = v["weights"]

@@ -343,6 +343,8 @@ class TokenPool(Policy):
         pf[blk(B_REFUSED)] = -np.inf
         return pf, np.zeros(1, np.int64)
 
+    counter_unit = "ms"
+
     def counters(self, pf, n_tenants):
         """The debts d_i (machine-ms the pool owes each tenant; negative: it was served beyond)."""
         return pf[N_SCALARS + B_DEBT * n_tenants:N_SCALARS + (B_DEBT + 1) * n_tenants].copy()
@@ -369,6 +371,11 @@ class TokenPool(Policy):
         if isinstance(replicas, bool) or not float(replicas).is_integer() or replicas < 0:
             raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
         pf[R] = float(replicas)
+
+    def apply_slots(self, pf, slots: int) -> None:
+        """Each replica takes ``slots`` requests from now on (``replica_slots``: the gateway's
+        in-flight credit moved). Only the admission test reads it; the debts do not."""
+        pf[SLOTS] = float(check_int(self.name, "replica_slots", slots))
 
     def retry_after_ms(self, pf, pi, n_tenants: int, tenant: int, t_ms: float):
         """The Retry-After of ``tenant``'s last refused request: the work over the limit, drained at

@@ -67,6 +67,7 @@ class VTC(Policy):
     name, pid = "vtc", PID_VTC
     params = {"wp": 1.0, "wq": 2.0, "weights": None}
     lift, residency = 1, 0
+    counter_unit = "tokens"
 
     def validate(self, v):
         out = {"wp": check_number(self.name, "wp", v["wp"]), "wq": check_number(self.name, "wq", v["wq"])}
