@@ -260,8 +260,6 @@ def test_gateway_credit_settles_at_serve_max_batch(max_batch, start):
     assert all(c == max_batch + 1 for _, _, c in seen), seen
 
 
-# --- against real engines: vLLM-CPU and llama.cpp's server -------------------------------------------
-#: how each engine is started for the test: its batch limit, and the flags that make it state it
 @pytest.mark.parametrize("start", [4, 16])
 def test_without_engine_metrics_the_credit_learns_from_the_streams(start):
     """An upstream with no load in its /metrics (``fairlib serve --no-metrics``: 404, as an
@@ -305,6 +303,8 @@ def test_stream_load_counts_what_the_steps_carried():
     assert stream_load(g, set(ids[1:])) == (1.0, 1.0)
 
 
+# --- against real engines: vLLM-CPU and llama.cpp's server -------------------------------------------
+#: how each engine is started for the test: its batch limit, and the flags that make it state it
 REAL = {"vllm": (8, dict(max_num_seqs=8, env={"VLLM_SERVER_DEV_MODE": "1"}), "vLLM max_num_seqs"),
         "llamacpp": (4, dict(n_parallel=4), "llama.cpp total_slots")}
 

@@ -310,8 +310,9 @@ def test_upstream_errors_pass_back_and_an_unreachable_upstream(upstream):
 
 
 # --- (d) clients that leave ------------------------------------------------------------------------
-def _raw_stream(port, body, headers, read_bytes):
-    """Send a streamed request, read about ``read_bytes`` of the answer (0: none), then close."""
+def _raw_stream(port, body, headers, read_bytes, hold=None):
+    """Send a streamed request, read about ``read_bytes`` of the answer (0: none), wait for the
+    event ``hold`` when one is given (the caller's signal to leave), then close."""
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     data = json.dumps(body).encode()
     head = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -320,6 +321,8 @@ def _raw_stream(port, body, headers, read_bytes):
     got = b""
     while len(got) < read_bytes:
         got += s.recv(4096)
+    if hold is not None:
+        assert hold.wait(60), "the test never told the client to leave"
     s.close()
     return got
 
@@ -328,11 +331,15 @@ def test_a_client_that_leaves_frees_its_slot_and_cancels_upstream(upstream):
     gw = gateway([upstream], max_inflight=1)
     try:
         running0 = upstream.stats()["requests_submitted"]
-        holder = threading.Thread(target=_raw_stream, args=(gw.port, completion(400), {FID: "a"}, 600))
+        leave = threading.Event()
+        holder = threading.Thread(target=_raw_stream, args=(gw.port, completion(400), {FID: "a"}, 600, leave))
         holder.start()
+        # the holder stays until told to leave (400 tokens take 2.6 s, far longer than the steps
+        # below), so the state is held while it is polled, on a busy machine too
         wait_until(lambda: gw.state()["in_flight"] == 1, 10, "the first stream holding the slot")
         # a second one waits behind it, then leaves while waiting
         _raw_stream(gw.port, completion(5), {FID: "b"}, 0)
+        leave.set()
         holder.join()                        # the first left mid-stream
         st = assert_idle(gw)
         wait_until(lambda: upstream.stats()["running"] == 0, 5, "the upstream's copy cancelled")

@@ -493,8 +493,8 @@ class TestVLLM:
 def _check_chapter5_runs(runs):
     """Every answer of each run served in full and fed back to the gateway's estimator, whose
     factors equal ``fairlib.drift.DriftEstimator`` fed the same answers in the order they came
-    back (the client's end times; neighbours closer than the clock may swap: 0.02 slack); SJF
-    serves short_qa before FIFO does."""
+    back (the client's end times; neighbours closer than the clock may swap: 0.02 slack); in the
+    stress phase SJF serves short_qa sooner than FIFO does (median end-to-end latency)."""
     from fairlib.chapters import driftsched as ds
     from fairlib.drift import TIERS, DriftEstimator
     from fairlib.sim.engine import Engine
@@ -519,7 +519,11 @@ def _check_chapter5_runs(runs):
         for c, b in e.bias.items():
             assert abs(est["bias"][c] - b) <= 0.02, (c, est["bias"], e.bias)
         e2e = (rec.end_s - rec.actual_send_s).to_numpy()
-        short[d["policy"]] = float(np.median(e2e[(req["category"] == "short_qa").to_numpy()]))
+        # in the stress phase, where the gateway holds a queue for SJF to reorder; the calibration
+        # phase's light load leaves nothing to reorder (a failed run: medians 0.35 s FIFO, 0.42 s
+        # SJF there, only the engine's pace between the runs; stress 6.22 s and 1.24 s)
+        stress_short = ((req["category"] == "short_qa") & (req["phase"] == "stress")).to_numpy()
+        short[d["policy"]] = float(np.median(e2e[stress_short]))
         if not r.summary["valid"]:
             warnings.warn(f"chapter 5 run {d['policy']} invalid: {r.summary['valid_reason']}")
     print({k: round(v, 2) for k, v in short.items()})
