@@ -163,8 +163,27 @@ def test_streams_and_answers_pass_through_envoy(serve):
             _opener.open(gw.root + "/admin/state", timeout=5)
         assert e.value.code == 404
         assert_idle(gw)
+        _check_metrics_with_envoys_stats(gw, n_requests=6)
     finally:
         gw.stop()
+
+
+def _check_metrics_with_envoys_stats(gw: EnvoyGateway, n_requests: int) -> None:
+    """/metrics through Envoy: the gateway's families and Envoy's own, one text prometheus_client
+    parses whole; Envoy counted every request sent through its listener (this one included)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    with _opener.open(gw.root + "/metrics", timeout=5) as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read().decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    admitted = {s.labels["tenant"]: s.value for s in fams["fairlib_gateway_admitted"].samples
+                if s.name.endswith("_total")}
+    assert admitted == {"a": 2, "b": 2}, admitted
+    rq_fam = fams.get("envoy_http_downstream_rq") or fams["envoy_http_downstream_rq_total"]
+    rq = [s.value for s in rq_fam.samples if s.labels.get("envoy_http_conn_manager_prefix") == "fairlib"]
+    # at least: the requests above and this one (the start's readiness checks may add to it)
+    assert len(rq) == 1 and rq[0] >= n_requests + 1, rq_fam.samples
+    assert not [n for n in fams if not n.startswith(("fairlib_gateway_", "envoy_", "python_", "process_"))]
 
 
 # --- (b) fairness on an FCFS upstream -----------------------------------------------------------------

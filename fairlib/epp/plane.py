@@ -2,8 +2,8 @@
 ``fairlib gateway --data-plane envoy`` (Envoy started with a generated bootstrap in front of it).
 
 One process holds the :class:`~fairlib.gateway.core.Gateway` (the policy, the lines, the
-charge), its control app (the gateway's own aiohttp app on loopback: ``/health``, ``/metrics``,
-``/admin/*``, the upstream health checks and the credit) and the picker's gRPC server; Envoy is
+charge), its control app (the gateway's own aiohttp app on loopback: ``/health``, ``/metrics``
+with Envoy's stats appended, ``/admin/*``, the upstream health checks and the credit) and the picker's gRPC server; Envoy is
 its child (its own session, dying with its parent), with its bootstrap and log in a temporary
 folder removed at the end. A stop signal drains as the Python gateway does (new requests 503
 ``shutting_down``, those waiting and in flight run to their end), then Envoy, the gRPC server and
@@ -20,13 +20,14 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 from typing import Optional
 from urllib.parse import quote
 
 from fairlib.epp.bootstrap import EnvoyMissing, EnvoyOptions, envoy_binary, envoy_command, write_bootstrap
 from fairlib.epp.service import start_grpc
-from fairlib.gateway.app import GatewayApp, make_app
+from fairlib.gateway.app import GATEWAY, GatewayApp, make_app
 from fairlib.gateway.config import GatewayConfig
 from fairlib.gateway.core import Gateway
 from fairlib.gateway.server import config_from_args, describe, drain
@@ -112,6 +113,18 @@ def _get(url: str, timeout_s: float = 1.0) -> tuple:
         return e.code, e.read()
 
 
+def envoy_stats(admin_url: str) -> bytes:
+    """Envoy's own stats in the Prometheus text format (its admin's ``/stats/prometheus``, families
+    ``envoy_*``), for the gateway's ``/metrics``; a comment line saying why when Envoy does not answer."""
+    try:
+        status, body = _get(admin_url + "/stats/prometheus")
+    except OSError as e:
+        return f"# Envoy's stats unavailable: {e}\n".encode()
+    if status != 200:
+        return f"# Envoy's stats unavailable: HTTP {status}\n".encode()
+    return body if body.endswith(b"\n") or not body else body + b"\n"
+
+
 def _envoy_failed(log: Path, rc: int) -> OSError:
     tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
     if "Address already in use" in tail or "cannot bind" in tail:
@@ -146,6 +159,7 @@ async def start_envoy(plane: Plane, cfg: GatewayConfig, binary: str, concurrency
                 ports = [ls["local_address"]["socket_address"]["port_value"]
                          for ls in json.loads(body).get("listener_statuses", []) if ls.get("name") == "fairlib"]
                 if ports and ports[0]:
+                    plane.app[GATEWAY].extra_metrics = partial(envoy_stats, plane.envoy_admin)
                     return int(ports[0])
         await asyncio.sleep(0.05)
 

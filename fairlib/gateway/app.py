@@ -303,8 +303,12 @@ class GatewayApp(AdminRoutes, Forwarding, OpenAIServer):
 
     async def metrics(self, request: web.Request) -> web.Response:
         """Called for ``GET /metrics``.
-        Returns the gateway's metrics (fairlib/gateway/metrics.py) as prometheus_client writes them."""
+        Returns the gateway's metrics (fairlib/gateway/metrics.py) as prometheus_client writes them,
+        in the text format followed by ``gw.extra_metrics()`` where set (Envoy's stats)."""
         body, ctype = self.gw.render_metrics(request.headers.get("Accept"))
+        extra = self.gw.extra_metrics
+        if extra is not None and ctype.startswith("text/plain"):     # families of the data plane's own
+            body += await asyncio.get_running_loop().run_in_executor(None, extra)
         return web.Response(body=body, headers={"Content-Type": ctype})
 
 

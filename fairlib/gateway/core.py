@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from fairlib.gateway import metrics
 from fairlib.gateway.access_log import GatewayLog
@@ -115,6 +115,9 @@ class Gateway(metrics.MetricFamilies):
         self.clock = clock
         self.t0 = clock()
         self.t0_wall = time.time()      # the wall clock at t0: aligns the event log with a client's run
+        #: Prometheus text appended to /metrics (text format only): under ``--data-plane envoy`` Envoy's
+        #: own stats; a blocking call, run off the event loop
+        self.extra_metrics: Optional[Callable[[], bytes]] = None
         self.upstreams = [Upstream(i, u, m) for i, (u, m) in enumerate(zip(cfg.upstreams, cfg.max_inflight))]
         for up in self.upstreams:
             up.tracker = self._tracker(up)
