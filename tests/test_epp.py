@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import psutil
@@ -187,29 +188,30 @@ def _check_metrics_with_envoys_stats(gw: EnvoyGateway, n_requests: int) -> None:
 
 
 # --- (b) fairness on an FCFS upstream -----------------------------------------------------------------
-def _contend(gw, n_each=16, hog_tokens=48, mouse_tokens=6) -> tuple:
-    """The hog's requests queue first, then the mouse's. Returns each tenant's machine_ms charged
-    from the moment all the mouse's requests wait to the moment its last answer comes back (both
-    tenants had work waiting throughout), and the mouse's mean latency (s)."""
+def _contend(control: Control, urls: list, n_each=16, hog_tokens=48, mouse_tokens=6) -> tuple:
+    """The hog's requests queue first, then the mouse's, request ``i`` of each through
+    ``urls[i % len(urls)]`` (one Envoy, or several in front of one picker). Returns each tenant's
+    machine_ms charged from the moment all the mouse's requests wait to the moment its last answer
+    comes back (both tenants had work waiting throughout), and the mouse's mean latency (s)."""
     out = {"hog": [], "mouse": []}
 
-    def send(tenant, n):
+    def send(tenant, n, url):
         t0 = time.monotonic()
-        s = post(gw.base_url, "/completions", completion(n), {FID: tenant}, timeout=120)[0]
+        s = post(url, "/completions", completion(n), {FID: tenant}, timeout=120)[0]
         out[tenant].append((s, time.monotonic() - t0))
 
     def machine():
-        return {k: v["machine_ms"] for k, v in gw.control.state()["tenants"].items()}
+        return {k: v["machine_ms"] for k, v in control.state()["tenants"].items()}
 
-    hogs = [threading.Thread(target=send, args=("hog", hog_tokens)) for _ in range(n_each)]
+    hogs = [threading.Thread(target=send, args=("hog", hog_tokens, urls[i % len(urls)])) for i in range(n_each)]
     for t in hogs:
         t.start()
-    wait_until(lambda: gw.control.state()["waiting"] >= n_each - 4, 20, "the hog's requests waiting")
-    mice = [threading.Thread(target=send, args=("mouse", mouse_tokens)) for _ in range(n_each)]
+    wait_until(lambda: control.state()["waiting"] >= n_each - 4, 20, "the hog's requests waiting")
+    mice = [threading.Thread(target=send, args=("mouse", mouse_tokens, urls[i % len(urls)])) for i in range(n_each)]
     for t in mice:
         t.start()
     wait_until(lambda: (lambda m: m is not None and m["waiting"] + m["admitted"] == n_each)(
-        gw.control.state()["tenants"].get("mouse")), 20, "the mouse's requests in")
+        control.state()["tenants"].get("mouse")), 20, "the mouse's requests in")
     start = machine()
     for t in mice:
         t.join(120)
@@ -235,7 +237,7 @@ def test_fcfs_is_unfair_residency_is_fair_through_envoy(serve):
         for policy in ("fcfs", "residency"):
             assert gw.control.set_policy(policy)["policy"] == policy
             before = serve.stats()["tenant_machine_ms"]
-            got, latency[policy] = _contend(gw)
+            got, latency[policy] = _contend(gw.control, [gw.base_url])
             shares[policy] = got["mouse"] / (got["mouse"] + got["hog"])
             st = assert_idle(gw)
             after = serve.stats()["tenant_machine_ms"]
@@ -400,27 +402,48 @@ class EppProcess(ChildServer):
     command, ready_prefix = "epp", EPP_READY_PREFIX
 
 
+def _operators_envoy(envoy: str, epp: EppProcess, control: Control, folder) -> tuple:
+    """An Envoy run from the bootstrap fairlib.epp.bootstrap writes, in front of ``epp``:
+    ``(Popen, its listener's port, its admin's URL)`` once it listens."""
+    folder.mkdir(parents=True, exist_ok=True)
+    conf = write_bootstrap(EnvoyOptions("127.0.0.1", 0, epp.port, control.port), folder)
+    addr = folder / "admin.address"
+    proc = subprocess.Popen(envoy_command(envoy, conf, addr), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def port():
+        if not addr.exists() or not addr.read_text().strip():
+            return None
+        try:
+            with _opener.open(f"http://{addr.read_text().strip()}/listeners?format=json", timeout=2) as r:
+                ls = json.loads(r.read())["listener_statuses"]
+        except OSError:
+            return None
+        return ls[0]["local_address"]["socket_address"].get("port_value")
+    try:
+        p = wait_until(port, 30, "Envoy listening", proc=proc)
+    except BaseException:
+        proc.kill()
+        proc.wait(10)
+        raise
+    return proc, p, f"http://{addr.read_text().strip()}"
+
+
+def _epp(serve, *args) -> EppProcess:
+    return EppProcess(["--upstream", serve.base_url, "--access-log", "off", "--health-interval-s", "0.2", *args])
+
+
+def _control(epp: EppProcess) -> Control:
+    return Control(int(epp.ready_line.split("control http://127.0.0.1:", 1)[1].rstrip(")")))
+
+
 def test_fairlib_epp_alone_behind_an_envoy_of_the_operators(serve, envoy, tmp_path):
     """``fairlib epp`` on its own, and an Envoy run from the bootstrap fairlib.epp.bootstrap
     writes (the operator's Envoy): a stream passes through with its tokens charged."""
-    with EppProcess(["--upstream", serve.base_url, "--max-inflight", "2", "--access-log", "off",
-                     "--health-interval-s", "0.2"]) as epp:
-        control = Control(int(epp.ready_line.split("control http://127.0.0.1:", 1)[1].rstrip(")")))
-        conf = write_bootstrap(EnvoyOptions("127.0.0.1", 0, epp.port, control.port), tmp_path)
-        addr = tmp_path / "admin.address"
-        proc = subprocess.Popen(envoy_command(envoy, conf, addr), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+    with _epp(serve, "--max-inflight", "2") as epp:
+        control = _control(epp)
+        proc, p, _ = _operators_envoy(envoy, epp, control, tmp_path)
         try:
-            def port():
-                if not addr.exists() or not addr.read_text().strip():
-                    return None
-                try:
-                    with _opener.open(f"http://{addr.read_text().strip()}/listeners?format=json", timeout=2) as r:
-                        ls = json.loads(r.read())["listener_statuses"]
-                except OSError:
-                    return None
-                return ls[0]["local_address"]["socket_address"].get("port_value")
-            p = wait_until(port, 30, "Envoy listening", proc=proc)
             wait_until(lambda: control.state()["upstreams"][0]["healthy"], 20, "the upstream healthy")
             s, h, raw = post(f"http://127.0.0.1:{p}/v1", "/completions", completion(6), {FID: "op"})
             assert s == 200 and h["server"] == "envoy" and payloads(raw)[-1] == DONE
@@ -430,3 +453,36 @@ def test_fairlib_epp_alone_behind_an_envoy_of_the_operators(serve, envoy, tmp_pa
         finally:
             proc.terminate()
             proc.wait(10)
+
+
+def test_two_envoys_share_one_picker_and_one_share(serve, envoy, tmp_path):
+    """GIE's shape, many proxies and one picker: two Envoys in front of one ``fairlib epp``, each
+    tenant's requests alternating between them. The picker holds one line and one charge for both,
+    so the shares come out as through one Envoy (the bounds of
+    test_fcfs_is_unfair_residency_is_fair_through_envoy): under fcfs the mouse gets about its share
+    of the demand, under residency close to half; each Envoy carried half of the requests."""
+    with _epp(serve, "--max-inflight", "4", "--tenant-max-share", "1", "--prefill-ms-per-token", "0.03") as epp:
+        control = _control(epp)
+        envoys = [_operators_envoy(envoy, epp, control, tmp_path / f"envoy{i}") for i in range(2)]
+        try:
+            wait_until(lambda: control.state()["upstreams"][0]["healthy"], 20, "the upstream healthy")
+            urls = [f"http://127.0.0.1:{p}/v1" for _, p, _ in envoys]
+            shares, latency = {}, {}
+            for policy in ("fcfs", "residency"):
+                assert control.set_policy(policy)["policy"] == policy
+                got, latency[policy] = _contend(control, urls)
+                shares[policy] = got["mouse"] / (got["mouse"] + got["hog"])
+            print(f"two Envoys: the mouse's machine share while both waited: {shares}; latency (s): {latency}")
+            assert shares["fcfs"] < 0.25, shares
+            assert 0.3 < shares["residency"] < 0.62, shares
+            assert latency["residency"] < latency["fcfs"] / 2, latency
+            carried = []
+            for _, _, admin in envoys:
+                with _opener.open(admin + "/stats?filter=" + urllib.parse.quote(r"^http\.fairlib\.downstream_rq_total$"),
+                                  timeout=5) as r:
+                    carried.append(int(r.read().decode().strip().rsplit(":", 1)[1]))
+            assert carried == [32, 32], carried     # each: 8 of each tenant's 16, in both policies' runs
+        finally:
+            for proc, _, _ in envoys:
+                proc.terminate()
+                proc.wait(10)
