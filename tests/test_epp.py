@@ -402,6 +402,27 @@ class EppProcess(ChildServer):
     command, ready_prefix = "epp", EPP_READY_PREFIX
 
 
+def test_gateway_process_on_the_envoy_plane_reaches_the_admin_routes(serve):
+    """``GatewayProcess`` (what the chapters start) with ``--data-plane envoy``: ``/admin/*`` is not
+    served through Envoy, so the state, the policy switch and the event log go to the control app
+    its ready line names; a request through Envoy shows in all three."""
+    from fairlib.gateway import GatewayProcess
+    with GatewayProcess(["--data-plane", "envoy", "--upstream", serve.base_url, "--max-inflight", "4", "--events",
+                         "--access-log", "off", "--health-interval-s", "0.2"]) as gw:
+        assert gw.control_port is not None and gw.control_port != gw.port
+        wait_until(lambda: gw.state()["upstreams"][0]["healthy"], 20, "the upstream healthy")
+        assert gw.set_policy("residency")["policy"] == "residency"
+        s, h, _ = post(gw.base_url, "/completions", completion(3), {FID: "t"})
+        assert s == 200 and h["server"] == "envoy"
+        st = wait_until(lambda: (lambda st: st if st["in_flight"] == 0 and st["pending"] == 0 else None)(
+            gw.state()), 10, "the slot free")
+        assert st["policy"] == "residency" and st["tenants"]["t"]["output_tokens"] == 3
+        head, events = gw.events()
+        assert head["spec"]["policy"] == "residency" and head["tenants"] == ["t"]
+        assert [e[0] for e in events].count("arrive") == 1, events[:5]
+        assert "envoy_http_downstream_rq_total" in gw.metrics()
+
+
 def _operators_envoy(envoy: str, epp: EppProcess, control: Control, folder) -> tuple:
     """An Envoy run from the bootstrap fairlib.epp.bootstrap writes, in front of ``epp``:
     ``(Popen, its listener's port, its admin's URL)`` once it listens."""

@@ -28,3 +28,12 @@ def test_a_window_cut_is_the_design_any_other_failure_is_not():
                      error_message=[None, "cut", "Bad Gateway", "reset"])
     with pytest.raises(RuntimeError, match=r"2 request\(s\) failed other than by the window's cut.*Bad Gateway"):
         fd.check_cut_run(Run(bad, {}, {}, path="r"))
+
+
+def test_an_unknown_data_plane_is_named_before_anything_starts():
+    import pytest
+    for call in (lambda: gl.check_data_plane("nginx"),
+                 lambda: gl.chapter_runs("sim", ["fcfs"], data_plane="nginx")):
+        with pytest.raises(ValueError, match=r"data_plane: 'nginx' is not one of python, envoy"):
+            call()
+    assert gl.check_data_plane("envoy") == "envoy"

@@ -58,7 +58,7 @@ from fairlib.sim.gate import replay
 from fairlib.progress import progress_line
 
 __all__ = ["EXPERIMENT", "POLICY_KEYS", "RECORD_SEEDS", "RECORD_DURATION_S", "SHARE_PTS", "used_rows", "policies_for", "experiment_spec",
-           "LiveGateway", "run_policy", "measure", "save_runs", "load_saved", "saved_root", "simulate_measured_run", "gate_at",
+           "DATA_PLANES", "check_data_plane", "valid_of", "LiveGateway", "run_policy", "measure", "save_runs", "load_saved", "saved_root", "simulate_measured_run", "gate_at",
            "window_ms", "run_steps", "full_batch_step", "fit_path_of", "share_rows", "share_table", "validity_table", "keep_gateway_files", "store_run_files", "wait_idle", "chapter_runs", "share_chart", "quota_cost_table", "noise", "counter_table", "slot_cap_table", "record"]
 
 EXPERIMENT = "seed000"
@@ -96,20 +96,34 @@ def policies_for(spec, keys: Sequence[str] = POLICY_KEYS) -> dict:
     return {k: table[k] for k in keys}
 
 
+#: where the gateway's decisions run: ``python`` (``fairlib gateway``, relaying every byte) or
+#: ``envoy`` (Envoy in front, the same decisions in ``fairlib epp``; ``--data-plane envoy``)
+DATA_PLANES = ("python", "envoy")
+
+
+def check_data_plane(data_plane: str) -> str:
+    """``data_plane`` if it is one of :data:`DATA_PLANES`; a ValueError naming them otherwise."""
+    if data_plane not in DATA_PLANES:
+        raise ValueError(f"data_plane: {data_plane!r} is not one of {', '.join(DATA_PLANES)}")
+    return data_plane
+
+
 class LiveGateway:
     """A gateway (child process) in front of ``endpoint``: the fit's ``max_batch`` slots (the
-    engine's ``max_num_seqs``) and prefill price (``--cost-model``)."""
+    engine's ``max_num_seqs``) and prefill price (``--cost-model``), on ``data_plane``."""
 
-    def __init__(self, endpoint: str, fit_path, max_inflight: Optional[int] = None, api_key: Optional[str] = None):
+    def __init__(self, endpoint: str, fit_path, max_inflight: Optional[int] = None, api_key: Optional[str] = None,
+                 data_plane: str = "python"):
         fit = fitmod.load_fit(fit_path)
         slots = int(max_inflight or fit["engine"]["max_batch"])
         args = ["--upstream", endpoint.rstrip("/"), "--cost-model", str(fit_path), "--max-inflight", str(slots),
                 "--events", "--access-log", "off",     # the replay reads the log; the records say the rest
-                "--tenant-max-share", "1"]              # the policies as the chapters study them: no share cap
+                "--tenant-max-share", "1",              # the policies as the chapters study them: no share cap
+                "--data-plane", check_data_plane(data_plane)]
         if api_key:
             args += ["--upstream-api-key", api_key]
         self.proc = GatewayProcess(args)
-        self.slots = slots
+        self.slots, self.data_plane = slots, data_plane
 
     def __enter__(self) -> GatewayProcess:
         return self.proc.start()
@@ -140,7 +154,8 @@ def _round(obj, digits: int = 4):
 
 
 def run_policy(gw: GatewayProcess, spec_info, seed: int, key: str, policy: str, params: dict, cfg, run_dir, *,
-               kind: str, tokenizer=None, fit_info: Optional[dict] = None, extra: Optional[dict] = None) -> Run:
+               kind: str, tokenizer=None, fit_info: Optional[dict] = None, extra: Optional[dict] = None,
+               data_plane: str = "python") -> Run:
     """One run of the experiment through ``gw`` under ``policy``: the policy set between runs (fresh
     counters and log), the schedule sent with the fairness header, each request cut one load
     window after it was sent; the gateway's log and state written into the run directory."""
@@ -156,7 +171,8 @@ def run_policy(gw: GatewayProcess, spec_info, seed: int, key: str, policy: str, 
             time.sleep(0.5)
     more = {"engine_kind": kind, **info, "fit": fit_info or {}, "cut_after_s": spec.duration_s,
             "loadavg_1m": fd.loadavg(),
-            "gateway": {"key": key, "policy": policy, "params": params, "slots": gw.state()["gate"]["slots"]},
+            "gateway": {"key": key, "policy": policy, "params": params, "slots": gw.state()["gate"]["slots"],
+                        "data_plane": data_plane},
             **(extra or {})}
     c = replace(cfg, base_url=gw.base_url, tenant_header=FAIRNESS_HEADERS[0], timeout_s=spec.duration_s)
     # The experiment overloads the engine and cuts every request one window after it was sent:
@@ -196,20 +212,24 @@ def keep_gateway_files(gw: GatewayProcess, run_dir) -> None:
 
 def measure(endpoint: str, kind: str, fit_path, seeds: Sequence[int], duration_s: float, runs_dir, *,
             keys: Sequence[str] = POLICY_KEYS, model: Optional[str] = None, cfg=None, tokenizer=None,
-            fit_info: Optional[dict] = None, extra: Optional[dict] = None, log=print) -> list:
-    """Every policy of ``keys`` x seed through one gateway in front of ``endpoint``; run
+            fit_info: Optional[dict] = None, extra: Optional[dict] = None, log=print,
+            data_plane: str = "python") -> list:
+    """Every policy of ``keys`` x seed through one gateway in front of ``endpoint`` on
+    ``data_plane`` (:data:`DATA_PLANES`; recorded in each run's ``extra["gateway"]``); run
     directories ``runs_dir/<policy>/seed<k>``."""
+    check_data_plane(data_plane)
     fit = fitmod.load_fit(fit_path)
     spec_info = experiment_spec(fit, duration_s)
     pols = policies_for(spec_info[0], keys)
     cfg = cfg if cfg is not None else fd.endpoint_config(kind, endpoint, model, priority=False)
     tok = tokenizer if tokenizer is not None else fd.model_tokenizer(kind)
     out = []
-    with LiveGateway(endpoint, fit_path) as gw:
+    with LiveGateway(endpoint, fit_path, data_plane=data_plane) as gw:
         for key, (pol, params) in pols.items():
             for s in seeds:
                 r = run_policy(gw, spec_info, s, key, pol, params, cfg, Path(runs_dir) / key / f"seed{s}",
-                               kind=kind, tokenizer=tok, fit_info=fit_info or {"file": str(fit_path)}, extra=extra)
+                               kind=kind, tokenizer=tok, fit_info=fit_info or {"file": str(fit_path)}, extra=extra,
+                               data_plane=data_plane)
                 log(f"{kind} {key} seed {s}: {r.summary['valid_reason']}, {r.summary['n_ok']}/{r.summary['n_planned']}"
                     f" ok (cut at the window: {r.summary['n_planned'] - r.summary['n_ok']})")
                 out.append(r)
@@ -355,11 +375,13 @@ def validity_table(runs: Sequence[Run]) -> pd.DataFrame:
 
 def chapter_runs(backend: str, keys: Sequence[str], *, engine_kind: str = "vllm", endpoint: Optional[str] = None,
                  model: Optional[str] = None, fit_file=None, seeds: Sequence[int] = (0,),
-                 duration_s: float = RECORD_DURATION_S, runs_dir="runs/gateway", log=print) -> list:
+                 duration_s: float = RECORD_DURATION_S, runs_dir="runs/gateway", log=print,
+                 data_plane: str = "python") -> list:
     """What a chapter shows of the experiment: on ``sim`` the saved runs of ``keys``; on ``http``
-    the policies measured now through a gateway in front of ``endpoint``, with a fit that
-    describes it (``fairlib.calibrate.fit.fit_for_endpoint`` refuses one made for another engine,
-    model, version or machine)."""
+    the policies measured now through a gateway on ``data_plane`` (:data:`DATA_PLANES`) in front of
+    ``endpoint``, with a fit that describes it (``fairlib.calibrate.fit.fit_for_endpoint`` refuses
+    one made for another engine, model, version or machine)."""
+    check_data_plane(data_plane)
     if backend != "http":
         return load_saved(engine_kind, keys)
     if not endpoint:
@@ -367,7 +389,7 @@ def chapter_runs(backend: str, keys: Sequence[str], *, engine_kind: str = "vllm"
     fitmod.fit_for_endpoint(fit_file, endpoint, engine_kind, model)
     path = fit_file or fitmod.fit_data_path(engine_kind)
     return measure(endpoint, engine_kind, path, seeds, duration_s, Path(runs_dir) / engine_kind, keys=keys,
-                   model=model, log=log)
+                   model=model, log=log, data_plane=data_plane)
 
 
 def share_chart(table: pd.DataFrame, alt, labels: dict, names: Sequence[str], title: str):
@@ -433,6 +455,13 @@ def slot_cap_table(runs: Sequence[Run]) -> pd.DataFrame:
             "own prefill of machine (gateway)": 100 * p / (d + p).sum(),
             "own prefill of machine (simulated)": 100 * sp / (sd + sp).sum()}, index=pd.Index(names, name="tenant")))
     return pd.concat(parts).groupby(level="tenant", sort=False).mean()
+
+
+def valid_of(runs: Sequence[Run], key: str) -> list:
+    """The valid runs of the policy ``key``, or all of its runs when none is valid (a chapter then
+    still shows them; its validity table says they are not)."""
+    mine = [r for r in runs if r.extra["gateway"]["key"] == key]
+    return [r for r in mine if r.summary.get("valid")] or mine
 
 
 def quota_cost_table(runs: Sequence[Run]) -> pd.DataFrame:

@@ -82,16 +82,31 @@ def serve_forever(cfg: GatewayConfig, announce: bool = True) -> bool:
                             drain=lambda runner: drain(runner, cfg.drain_timeout_s))
 
 
+class _Control(LocalServer):
+    """The control app of ``--data-plane envoy`` (loopback): where ``/admin/*`` answers."""
+
+    def __init__(self, port: int):
+        self.port = port
+
+
 class _Admin(LocalServer):
     """The gateway's JSON routes, from the caller's side (on a :class:`~fairlib.servers.LocalServer`:
-    its ``get_json``, ``get_text``, ``request``)."""
+    its ``get_json``, ``get_text``, ``request``); under ``--data-plane envoy`` on the control app,
+    since Envoy's listener does not serve ``/admin/*``."""
+
+    control_port: Optional[int] = None
+
+    @property
+    def admin(self) -> LocalServer:
+        """The server that answers ``/admin/*``: this one, or the Envoy plane's control app."""
+        return self if self.control_port is None else _Control(self.control_port)
 
     def state(self) -> dict:
-        return self.get_json("/admin/state")
+        return self.admin.get_json("/admin/state")
 
     def events(self) -> tuple:
         """``(head, events)``: the gate's spec and tenant names, and the event log."""
-        lines = self.get_text("/admin/events").splitlines()
+        lines = self.admin.get_text("/admin/events").splitlines()
         return json.loads(lines[0]), [json.loads(x) for x in lines[1:] if x]
 
     def metrics(self) -> str:
@@ -100,13 +115,13 @@ class _Admin(LocalServer):
     def drain(self, upstream: int, drained: bool = True) -> dict:
         """Take upstream ``upstream`` out (no new requests) or put it back (``/admin/upstreams``)."""
         body = json.dumps({"upstream": upstream, "drained": drained}).encode()
-        with self.request("/admin/upstreams", body) as r:
+        with self.admin.request("/admin/upstreams", body) as r:
             return json.loads(r.read())
 
     def set_policy(self, policy: str, params: Optional[dict] = None) -> dict:
         """A new policy (fresh counters and log) between runs (``/admin/policy``)."""
         body = json.dumps({"policy": policy, "params": params or {}}).encode()
-        with self.request("/admin/policy", body) as r:
+        with self.admin.request("/admin/policy", body) as r:
             return json.loads(r.read())
 
 
@@ -130,6 +145,13 @@ class GatewayProcess(_Admin, ChildServer):
     parent. ``cpu``: pin it to one core."""
 
     command, ready_prefix = "gateway", READY_PREFIX
+
+    def start(self):
+        super().start()
+        line = self.ready_line or ""
+        if "[data plane envoy; control http://127.0.0.1:" in line:
+            self.control_port = int(line.split("control http://127.0.0.1:", 1)[1].split(";", 1)[0])
+        return self
 
 
 # --- command line -----------------------------------------------------------------------------
