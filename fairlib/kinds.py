@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["EngineKind", "REAL_ENGINES", "FIT_KINDS", "SAVED_FIT_KINDS", "ENDPOINT_KINDS", "STARTABLE"]
+__all__ = ["EngineKind", "REAL_ENGINES", "FIT_KINDS", "SAVED_FIT_KINDS", "ENDPOINT_KINDS", "STARTABLE", "DATA_PLANES"]
 
 
 class EngineKind(str, Enum):
@@ -34,3 +34,6 @@ SAVED_FIT_KINDS = _values(EngineKind.VLLM, EngineKind.LLAMACPP, EngineKind.FAIRL
 ENDPOINT_KINDS = _values(EngineKind.VLLM, EngineKind.LLAMACPP, EngineKind.OPENAI)
 #: what ``fairlib.calibrate.lifecycle.start_engine`` starts (``external``: attaches to a base URL)
 STARTABLE = _values(EngineKind.FAIRLIB, EngineKind.VLLM, EngineKind.LLAMACPP, EngineKind.EXTERNAL)
+#: where the gateway's decisions run: ``python`` (``fairlib gateway`` relays every byte) or
+#: ``envoy`` (Envoy in front, the same decisions in ``fairlib epp``): ``--data-plane``
+DATA_PLANES = ("python", "envoy")

@@ -55,6 +55,7 @@ from fairlib.records.run import directory_of
 from fairlib.records.rundir import read_jsonl
 from fairlib.sim.engine import Engine
 from fairlib.sim.gate import replay
+from fairlib.kinds import DATA_PLANES
 from fairlib.progress import progress_line
 
 __all__ = ["EXPERIMENT", "POLICY_KEYS", "RECORD_SEEDS", "RECORD_DURATION_S", "SHARE_PTS", "used_rows", "policies_for", "experiment_spec",
@@ -94,11 +95,6 @@ def policies_for(spec, keys: Sequence[str] = POLICY_KEYS) -> dict:
     if unknown:
         raise ValueError(f"policies: unknown key(s) {unknown}; allowed: {', '.join(table)}")
     return {k: table[k] for k in keys}
-
-
-#: where the gateway's decisions run: ``python`` (``fairlib gateway``, relaying every byte) or
-#: ``envoy`` (Envoy in front, the same decisions in ``fairlib epp``; ``--data-plane envoy``)
-DATA_PLANES = ("python", "envoy")
 
 
 def check_data_plane(data_plane: str) -> str:
