@@ -20,7 +20,7 @@ import importlib
 import sys
 
 #: chapter -> the module whose ``main(["record", ...])`` records it
-RECORDERS = {"1-4": "fairlib.chapters.gateway_live", "5": "fairlib.chapters.driftsched",
+RECORDERS = {"1-4": "fairlib.chapters.gateway_record", "5": "fairlib.chapters.driftsched",
              "6": "fairlib.chapters.token_pools_live", "8": "fairlib.chapters.fidelity"}
 
 

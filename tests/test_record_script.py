@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "record.py"
 
 
-@pytest.mark.parametrize("chapter, prog", [("1-4", "gateway_live"), ("5", "driftsched"),
+@pytest.mark.parametrize("chapter, prog", [("1-4", "gateway_record"), ("5", "driftsched"),
                                            ("6", "token_pools_live"), ("8", "fidelity")])
 def test_each_chapter_reaches_its_recorder(chapter, prog):
     p = subprocess.run([sys.executable, str(SCRIPT), chapter, "--help"], capture_output=True, text=True,
