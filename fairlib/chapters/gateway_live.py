@@ -115,7 +115,7 @@ class LiveGateway:
         if api_key:
             args += ["--upstream-api-key", api_key]
         self.proc = GatewayProcess(args)
-        self.slots, self.data_plane = slots, data_plane
+        self.slots = slots
 
     def __enter__(self) -> GatewayProcess:
         return self.proc.start()
@@ -146,8 +146,7 @@ def _round(obj, digits: int = 4):
 
 
 def run_policy(gw: GatewayProcess, spec_info, seed: int, key: str, policy: str, params: dict, cfg, run_dir, *,
-               kind: str, tokenizer=None, fit_info: Optional[dict] = None, extra: Optional[dict] = None,
-               data_plane: str = "python") -> Run:
+               kind: str, tokenizer=None, fit_info: Optional[dict] = None, extra: Optional[dict] = None) -> Run:
     """One run of the experiment through ``gw`` under ``policy``: the policy set between runs (fresh
     counters and log), the schedule sent with the fairness header, each request cut one load
     window after it was sent; the gateway's log and state written into the run directory."""
@@ -164,7 +163,7 @@ def run_policy(gw: GatewayProcess, spec_info, seed: int, key: str, policy: str, 
     more = {"engine_kind": kind, **info, "fit": fit_info or {}, "cut_after_s": spec.duration_s,
             "loadavg_1m": fd.loadavg(),
             "gateway": {"key": key, "policy": policy, "params": params, "slots": gw.state()["gate"]["slots"],
-                        "data_plane": data_plane},
+                        "data_plane": "python" if gw.control_port is None else "envoy"},
             **(extra or {})}
     c = replace(cfg, base_url=gw.base_url, tenant_header=FAIRNESS_HEADERS[0], timeout_s=spec.duration_s)
     # The experiment overloads the engine and cuts every request one window after it was sent:
@@ -220,8 +219,7 @@ def measure(endpoint: str, kind: str, fit_path, seeds: Sequence[int], duration_s
         for key, (pol, params) in pols.items():
             for s in seeds:
                 r = run_policy(gw, spec_info, s, key, pol, params, cfg, Path(runs_dir) / key / f"seed{s}",
-                               kind=kind, tokenizer=tok, fit_info=fit_info or {"file": str(fit_path)}, extra=extra,
-                               data_plane=data_plane)
+                               kind=kind, tokenizer=tok, fit_info=fit_info or {"file": str(fit_path)}, extra=extra)
                 log(f"{kind} {key} seed {s}: {r.summary['valid_reason']}, {r.summary['n_ok']}/{r.summary['n_planned']}"
                     f" ok (cut at the window: {r.summary['n_planned'] - r.summary['n_ok']})")
                 out.append(r)

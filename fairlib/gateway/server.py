@@ -94,6 +94,7 @@ class _Admin(LocalServer):
     its ``get_json``, ``get_text``, ``request``); under ``--data-plane envoy`` on the control app,
     since Envoy's listener does not serve ``/admin/*``."""
 
+    #: the Envoy plane's control app, where ``/admin/*`` answers (None: the Python plane, this server)
     control_port: Optional[int] = None
 
     @property
