@@ -34,6 +34,7 @@ scenario file, an ``--out`` that holds a run or cannot be written), 1 when the w
 """
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import signal
@@ -284,6 +285,21 @@ def _fit_settings(a) -> dict:
     return out
 
 
+def _stop_background_job() -> None:
+    """SIGTERM to a job started with SIGINT ignored (``cmd &`` in a shell without job control), so
+    that asyncio installed no SIGINT handler: inside the sweep's event loop its tasks are cancelled,
+    as asyncio's own handler cancels its main task (a KeyboardInterrupt raised there instead
+    escapes from whichever task runs, and asyncio prints that task's traceback); outside a loop,
+    KeyboardInterrupt at once."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise KeyboardInterrupt from None
+    for t in asyncio.all_tasks(loop):
+        t.cancel()
+    loop.call_soon_threadsafe(lambda: None)
+
+
 def cmd_fit(a) -> int:
     """``fairlib fit``: stops on Ctrl-C or SIGTERM with one line (nothing written), exit 130 / 143."""
 
@@ -294,8 +310,9 @@ def cmd_fit(a) -> int:
     def on_term(signum, frame):   # SIGTERM takes SIGINT's path (asyncio cancels the sweep cleanly)
         got["signal"] = "SIGTERM"
         if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-            raise KeyboardInterrupt  # started as a background job (SIGINT ignored): SIGTERM must still stop it
-        signal.raise_signal(signal.SIGINT)
+            _stop_background_job()   # started as a background job (SIGINT ignored): SIGTERM must still stop it
+        else:
+            signal.raise_signal(signal.SIGINT)
 
     old = signal.signal(signal.SIGTERM, on_term)
     t0 = time.monotonic()
@@ -308,7 +325,9 @@ def cmd_fit(a) -> int:
                   f"{eng.settings['max_num_seqs']} ({eng.settings['max_num_seqs_source']})", flush=True)
         res = fitmod.fit_engine(eng, max_batch=eng.settings["max_num_seqs"], out=a.out, verbose=not a.quiet,
                                 note=a.note, **settings)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        if "signal" not in got and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            raise
         sig = got.get("signal", "SIGINT")
         print(f"fairlib fit: interrupted by {sig} after {time.monotonic() - t0:.0f} s; nothing written to {a.out}",
               file=sys.stderr, flush=True)

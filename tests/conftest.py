@@ -8,13 +8,19 @@ kills the child it waits on.
 
 Also here: the work units of ``pytest -n N`` (tests/xdist_units.py), the real engines started
 once per session (:func:`engines`), and under ``CI=true`` a skipped ``engine`` test reported as
-a failure (tests/ci.py).
+a failure (tests/ci.py). Every gateway the tests start (in process or as a child) validates
+each decode step it hands the policy (``FAIRLIB_CHECK_STEPS=1``: off in production, where the
+step tracker builds them well formed).
 """
+import os
 import signal
 
 import pytest
 
 from ci import in_ci
+
+
+os.environ["FAIRLIB_CHECK_STEPS"] = "1"
 
 
 def _sigterm(signum, frame):
@@ -23,6 +29,13 @@ def _sigterm(signum, frame):
 
 def pytest_configure(config):
     signal.signal(signal.SIGTERM, _sigterm)
+    # A session started as a background job (``make test &`` in a shell without job control, a CI
+    # runner's step) begins with SIGINT ignored, and every child inherits that: the servers the
+    # tests interrupt with SIGINT, to check a foreground command's Ctrl-C, then ignore it (they ran
+    # on and a test waited 60 s for nothing). The session takes SIGINT back; a test that wants a
+    # background job's disposition sets it in its child (test_fit_endpoint.py).
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(optionalhook=True)      # a hook of pytest-xdist's: absent under -p no:xdist
