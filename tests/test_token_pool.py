@@ -483,7 +483,7 @@ def test_replay_samples_from_a_fractional_start_keeps_every_instant():
     ({"variants": {"flood": ["nope"]}}, r"unknown \['nope'\]; allowed: fcfs, pool_estimate, pool_max_tokens"),
 ])
 def test_live_measure_names_bad_arguments_before_it_sends_anything(kw, match):
-    from fairlib.chapters import token_pools_live as tl
+    from fairlib.chapters import token_pools_measure as tm
     args = {"endpoints": ["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"], "kind": "llamacpp", **kw}
     with pytest.raises(ValueError, match=match):
-        tl.measure(args.pop("endpoints"), args.pop("kind"), "data/engines/llamacpp.json", **args)
+        tm.measure(args.pop("endpoints"), args.pop("kind"), "data/engines/llamacpp.json", **args)
