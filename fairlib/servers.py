@@ -54,7 +54,8 @@ async def start_app(app, host: str, port: int):
 
 
 def run_until_signal(start: Callable[[], Awaitable], announce: Optional[Callable[[int], str]] = None,
-                     drain: Optional[Callable[[object], Awaitable]] = None) -> bool:
+                     drain: Optional[Callable[[object], Awaitable]] = None,
+                     loop_factory: Optional[Callable[[], asyncio.AbstractEventLoop]] = None) -> bool:
     """``await start()`` (an aiohttp ``(runner, port)``), print ``announce(port)``, run until a stop
     signal, then clean the runner up. ``drain``: awaited with the runner after the first signal,
     before the clean-up (a server finishing what it holds; it returns whether it finished); a
@@ -107,7 +108,8 @@ def run_until_signal(start: Callable[[], Awaitable], announce: Optional[Callable
     if own:
         signal.signal(signal.SIGINT, _interrupt)
     try:
-        return asyncio.run(main())
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(main())
     finally:
         if own:
             signal.signal(signal.SIGINT, previous)

@@ -6,7 +6,8 @@ from hypothesis import given, settings, strategies as st
 
 from fairlib.serve.replay import llamacpp_chunks, load_frames, vllm_chunks
 from fairlib.client.stream import StreamAccumulator
-from fairlib.protocol.sse import DONE, MalformedSSE, SSEParser, StreamError, decode_payload, interpret_chunk
+from fairlib.protocol.sse import (DONE, MalformedSSE, SSEParser, StreamError, decode_data, decode_payload, interpret_chunk,
+                                  read_chunk)
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -116,7 +117,55 @@ def test_any_split_and_crlf_give_the_same_events(name, cuts, crlf):
     assert split == whole
 
 
+_ODD = (b": a comment\n\ndata: {\"a\": 1}\n\nevent: x\nid: 7\ndata: {\"b\":\ndata: 2}\n\n\n\n"
+        b"data:{\"c\":3}\n\ndata:  {\"d\":4}\nretry: 5\n\ndata: [DONE]\n\n")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(sorted(EXPECTED) + ["odd"]), st.lists(st.integers(min_value=0, max_value=4000), max_size=25),
+       st.booleans(), st.booleans())
+def test_feed_data_gives_the_data_feed_gives(name, cuts, crlf, bom):
+    """The relay's fast split (whole LF ``data:`` events in one read) and the line machine agree on
+    every event's data, however the bytes are cut, with CRLF, a BOM, comments, several fields."""
+    raw = _ODD if name == "odd" else (FIX / name).read_bytes()
+    if crlf:
+        raw = raw.replace(b"\n", b"\r\n")
+    if bom:
+        raw = b"\xef\xbb\xbf" + raw
+    whole, _ = parse_all(raw)
+    p, got, last = SSEParser(), [], 0
+    for c in sorted({c % (len(raw) + 1) for c in cuts}) + [len(raw)]:
+        got += p.feed_data(raw[last:c])
+        last = c
+    got += [ev.data for ev in p.flush()]
+    assert got == [ev.data for ev in whole]
+
+
+def test_feed_data_fast_path_is_taken_and_keeps_a_partial_event():
+    p = SSEParser()
+    assert p.feed_data(b"data: 1\n\n") == ["1"]           # the first read: the line machine
+    assert p.feed_data(b"data: 2\n\ndata: 3\n\ndata: 4") == ["2", "3"]
+    assert p.feed_data(b"5\n\n") == ["45"]
+    with pytest.raises(MalformedSSE):
+        p.feed_data(b"data: \xff\n\n")
+
+
 # --- the chunk interpreter ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_read_chunk_is_what_interpret_chunk_says(name):
+    """The gateway's lean reader and the client's interpreter agree on every fixture chunk."""
+    events, _ = parse_all((FIX / name).read_bytes())
+    n = 0
+    for ev in events:
+        payload, _ = decode_data(ev.data)
+        if payload is DONE:
+            continue
+        i = interpret_chunk(payload)
+        assert read_chunk(payload) == (i.text, i.n_tokens, i.token_ids, i.finish_reason, i.usage)
+        n += 1
+    assert n >= 7
+
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_fixture_token_accounting(name):

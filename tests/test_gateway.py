@@ -603,6 +603,23 @@ def test_a_cut_drain_exits_1(how):
 
 
 # --- the command line ----------------------------------------------------------------------------------
+def test_the_gateway_runs_on_either_event_loop(upstream):
+    """``fairlib gateway`` on the standard library's loop by default and on libuv's with
+    ``--event-loop uvloop``; both relay the same answer and charge its tokens (a stream of 30
+    tokens, read in as many reads as the loop gives)."""
+    for flag, want in (([], "asyncio"), (["--event-loop", "uvloop"], "uvloop")):
+        with GatewayProcess(["--upstream", upstream.base_url, "--max-inflight", "2", *flag]) as gw:
+            assert gw.state()["event_loop"] == want
+            status, _, body = post(gw.base_url, "/completions", completion(30), {FID: "a"})
+            got = payloads(body)
+            assert status == 200 and got[-1] is DONE
+            assert sum(len(p["choices"][0]["text"]) > 0 for p in got[:-1] if p.get("choices")) == 30
+            assert not any(p.get("usage") for p in got[:-1])      # the usage chunk it did not ask for
+            wait_until(lambda: gw.state()["in_flight"] == 0, 10, "the stream's slot freed")
+            text = gw.get_text("/metrics")
+            assert 'fairlib_gateway_output_tokens_total{tenant="a"} 30.0' in text, text[:2000]
+
+
 def test_gateway_cli_errors_are_one_line():
     def run_cli(*args):
         p = subprocess.run([sys.executable, "-m", "fairlib.cli", "gateway", *args], capture_output=True, text=True,

@@ -37,7 +37,10 @@ from fairlib.sim.credit import DEFAULT_START as DEFAULT_CREDIT_START
 from fairlib.sim.credit import CreditOptions
 from fairlib.sim.policies import POLICIES, make_policy
 
-__all__ = ["TenantConfig", "TenantTable", "GatewayConfig", "load_tenants", "with_tenant_weights", "FAIRNESS_HEADERS", "OVERFLOW_TENANT",
+#: the Python data plane's event loops (``--event-loop``): the standard library's, libuv's
+EVENT_LOOPS = ("asyncio", "uvloop")
+
+__all__ = ["EVENT_LOOPS", "TenantConfig", "TenantTable", "GatewayConfig", "load_tenants", "with_tenant_weights", "FAIRNESS_HEADERS", "OVERFLOW_TENANT",
            "DEFAULT_TENANT", "MAX_TENANT_ID_CHARS"]
 
 #: the tenant headers, llm-d's first, then the Gateway API Inference Extension's older name, then
@@ -294,7 +297,10 @@ class GatewayConfig:
     ``access_log``: where the JSON access-log lines go ("-": stderr, None: nowhere, else a file).
     ``trust_api_key``: the ``api_key`` is a front proxy's (its fairness header names the tenant).
     ``tenant_max_share``: one tenant holds at most ``max(1, min(slots - 1, floor(share x slots)))``
-    slots, under any policy (fairlib/gateway/share.py; 1: no cap).
+    slots, under any policy (fairlib/gateway/share.py; 1: no cap). ``event_loop``: the Python data
+    plane's event loop, ``asyncio`` (the standard library's) or ``uvloop`` (libuv's; measured side
+    by side on this project's 2-core machine it changed the CPU per relayed stream by -4% to +2%,
+    within the runs' spread, so the standard one stays the default).
     """
 
     upstreams: tuple = ()
@@ -326,6 +332,7 @@ class GatewayConfig:
     upstream_idle_timeout_s: float = 60.0
     access_log: Optional[str] = "-"
     tenant_max_share: float = 0.9
+    event_loop: str = "asyncio"
 
     def __post_init__(self):
         resolve_auto(self)
@@ -367,6 +374,8 @@ class GatewayConfig:
                     or (positive and v == 0):
                 rel = "> 0" if positive else ">= 0"
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number {rel}, got {v!r}")
+        if self.event_loop not in EVENT_LOOPS:
+            raise ValueError(f"--event-loop must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
         ts = self.tenant_max_share
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 < ts <= 1:
             raise ValueError(f"--tenant-max-share must be a number in (0, 1] (1: no cap), got {ts!r}")
@@ -422,4 +431,4 @@ class GatewayConfig:
                 "credit": None if self.credit is None else asdict(self.credit), "credit_start": self.credit_start,
                 "trust_api_key": self.trust_api_key,
                 "upstream_idle_timeout_s": self.upstream_idle_timeout_s, "access_log": self.access_log,
-                "tenant_max_share": self.tenant_max_share}
+                "tenant_max_share": self.tenant_max_share, "event_loop": self.event_loop}

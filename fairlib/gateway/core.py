@@ -21,6 +21,7 @@ the event log; ``t0_wall`` is the wall-clock time of its zero.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -133,6 +134,10 @@ class Gateway(metrics.MetricFamilies):
         self.handlers: set = set()       # the request handlers running (a cut drain cancels them)
         self.cut_in_flight = 0           # requests a cut drain stopped
         self.policy_name, self.policy_params = cfg.policy, cfg.effective_policy_params()
+        # each step the trackers rebuild is well formed by construction, so the policy's per-step
+        # validation (ids, tokens, finished as arrays of one length, unique, >= 1 token: ~8 us a
+        # step) is off; FAIRLIB_CHECK_STEPS=1 (tests/conftest.py sets it) turns it on
+        self.check_steps = os.environ.get("FAIRLIB_CHECK_STEPS", "") == "1"
         self.gate = self._new_gate(cfg.policy, self.policy_params)
         # a tenant's share of the slots the upstreams hold now (with --max-inflight auto: the
         # credits, which fairlib/gateway/credit.py keeps the cap following), not of the ceiling
@@ -375,7 +380,7 @@ class Gateway(metrics.MetricFamilies):
 
     # --- steps ------------------------------------------------------------------------------
     def _on_step(self, up: Upstream, ids, toks, fin, dt, t) -> None:
-        self.gate.observe(ids, toks, fin, dt, t)
+        self.gate.observe(ids, toks, fin, dt, t, check=self.check_steps)
         self.m_steps.inc(1, (up.url,))
         freed = False
         for r, f in zip(ids, fin):
@@ -455,7 +460,12 @@ class Gateway(metrics.MetricFamilies):
         for i in range(n):
             tenants[self.tenant_name(i)] = {k: (float(v[i]) if v.dtype.kind == "f" else int(v[i]))
                                             for k, v in ts.items()}
+        try:        # the loop it runs on: "uvloop" or "asyncio" (--event-loop)
+            loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
+        except RuntimeError:
+            loop = None
         return {"policy": self.policy_name, "policy_params": self.policy_params, "now_ms": self.now_ms(),
+                "event_loop": loop,
                 "t0_wall": self.t0_wall,
                 "in_flight": self.gate.in_flight, "waiting": self.gate.waiting, "pending": len(self.pending),
                 "parked": self.share.n_parked, "tenant_max_inflight": min(self.share.cap, self.cfg.slots),

@@ -13,7 +13,7 @@ import time
 from typing import Optional
 
 from fairlib.gateway.core import Gateway, Pending
-from fairlib.protocol.sse import DONE, MalformedSSE, SSEParser, StreamError, decode_event, interpret_chunk
+from fairlib.protocol.sse import DONE, MalformedSSE, SSEParser, StreamError, decode_data, read_chunk
 from fairlib.protocol.wire import dumps
 
 __all__ = ["Relay", "upstream_body"]
@@ -47,6 +47,8 @@ class Relay:
         self.finish_reason: Optional[str] = None
         self.usage: Optional[dict] = None
         self._kept: list = []
+        # what the read being taken in carried (on_data): tokens, a finish, the usage count, [DONE]
+        self._n, self._fin, self._usage, self._done = 0, False, None, False
         self.last_read = gw.clock()     # the idle timeout's clock (fairlib/gateway/forward.py)
         self.idle_out = False
         self.idle_timer: Optional[asyncio.TimerHandle] = None
@@ -65,12 +67,18 @@ class Relay:
 
     def on_data(self, data: bytes, t: float) -> bool:
         """Called by the upstream's HTTP client for each read of the body (``t``: the gateway's clock).
-        Returns False (read on); the tokens are charged and the bytes on their way to the client."""
+        Returns False (read on); the tokens are charged and the bytes on their way to the client.
+
+        One charge per read (``Gateway.tokens`` with the read's tokens together: a read is one
+        moment on the gateway's clock, whatever number of events it carried), then the usage, then
+        the estimator at ``[DONE]``, in the order the events gave them."""
         self.last_read = t
-        t_ms = (t - self.gw.t0) * 1e3
+        self._n, self._fin, self._usage, self._done = 0, False, None, False
         kept = self._kept
-        for ev in self.parser.feed(data):
-            self._event(ev, t_ms)
+        for d in self.parser.feed_data(data):
+            self._event(d)
+        if self._n or self._fin or self._usage is not None or self._done:
+            self._charge((t - self.gw.t0) * 1e3)
         if not self.client_stream:
             return False
         if self.raw:
@@ -87,6 +95,17 @@ class Relay:
                 self.out.append(body)
                 self.wake()
         return False
+
+    def _charge(self, t_ms: float) -> None:
+        gw, p = self.gw, self.p
+        if self._n:
+            gw.tokens(p, t_ms, self._n, self._fin)
+        elif self._fin:
+            gw.finish_seen(p, t_ms)
+        if self._usage is not None:
+            gw.usage_tokens(p, self._usage)
+        if self._done:
+            self.feed_estimator()   # before the client can read [DONE] and go
 
     async def forward(self, reading: asyncio.Task, sresp) -> None:
         """Until ``reading`` (the upstream's body read into :meth:`on_data`) ends: what queued in
@@ -111,45 +130,43 @@ class Relay:
             self.fed = True
             self.gw.answered(self.p, "".join(self.text), (self.usage or {}).get("completion_tokens"))
 
-    def _keep(self, ev) -> None:
+    def _keep(self, data: str) -> None:
         if self.client_stream and not self.raw:
-            self._kept.append(b"data: " + ev.data.encode() + b"\n\n")
+            self._kept.append(b"data: " + data.encode() + b"\n\n")
 
-    def _event(self, ev, t_ms: float) -> None:
+    def _event(self, data: str) -> None:
         try:
-            payload, _ = decode_event(ev)
+            payload, _ = decode_data(data)
         except MalformedSSE:
-            self._keep(ev)
+            self._keep(data)
             return
         if payload is DONE:
-            self.done = True
-            self.feed_estimator()   # before the client can read [DONE] and go
-            self._keep(ev)
+            self.done = self._done = True
+            self._keep(data)
             return
         try:
-            info = interpret_chunk(payload)
+            text, n, _, finish, usage = read_chunk(payload)
         except StreamError as e:
             self.error = e
-            self._keep(ev)
+            self._keep(data)
             return
         except MalformedSSE:
-            info = None
-        if info is not None:
-            if self.first is None:
-                self.first = payload
-            if info.finish_reason is not None:
-                self.finish_reason = info.finish_reason
-            if info.is_token_chunk:
-                self.text.append(info.text)
-                self.gw.tokens(self.p, t_ms, max(1, info.n_tokens), info.finish_reason is not None)
-            elif info.finish_reason is not None:
-                self.gw.finish_seen(self.p, t_ms)
-            if info.usage is not None and isinstance(info.usage.get("completion_tokens"), int):
-                self.usage = info.usage
-                self.gw.usage_tokens(self.p, info.usage["completion_tokens"])
-            if info.usage is not None and not payload.get("choices") and not self.include_usage:
-                return                  # the usage chunk the client did not ask for
-        self._keep(ev)
+            self._keep(data)
+            return
+        if self.first is None:
+            self.first = payload
+        if finish is not None:
+            self.finish_reason = finish
+            self._fin = True
+        if text or n > 0:               # a token chunk (ChunkInfo.is_token_chunk)
+            self.text.append(text)
+            self._n += max(1, n)
+        if usage is not None and isinstance(usage.get("completion_tokens"), int):
+            self.usage = usage
+            self._usage = usage["completion_tokens"]
+        if usage is not None and not payload.get("choices") and not self.include_usage:
+            return                  # the usage chunk the client did not ask for
+        self._keep(data)
 
     def assembled(self) -> dict:
         """The answer of a client that asked for no stream, from what the stream carried."""

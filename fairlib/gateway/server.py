@@ -8,8 +8,13 @@ import os
 import sys
 from typing import Optional
 
+try:            # a pinned requirement (not on Windows): --event-loop uvloop
+    import uvloop
+except ImportError:         # pragma: no cover
+    uvloop = None  # type: ignore[assignment]
+
 from fairlib.gateway.app import GATEWAY, LISTENING, make_app
-from fairlib.gateway.config import GatewayConfig, load_tenants
+from fairlib.gateway.config import EVENT_LOOPS, GatewayConfig, load_tenants
 from fairlib.gateway.core import Gateway
 from fairlib.gateway.identity import KEY_ENV, UPSTREAM_KEY_ENV, read_key
 from fairlib.servers import ChildServer, LocalServer, ThreadServer, port_number, run_from_args, run_until_signal, start_app
@@ -79,7 +84,17 @@ def serve_forever(cfg: GatewayConfig, announce: bool = True) -> bool:
     second signal stops at once). Prints one ready line (``READY_PREFIX`` + base URL). Returns
     whether the drain finished."""
     return run_until_signal(lambda: start(cfg), (lambda port: describe(cfg, port)) if announce else None,
-                            drain=lambda runner: drain(runner, cfg.drain_timeout_s))
+                            drain=lambda runner: drain(runner, cfg.drain_timeout_s),
+                            loop_factory=loop_factory(cfg.event_loop))
+
+
+def loop_factory(event_loop: str):
+    """The ``asyncio.Runner`` loop factory for ``--event-loop`` (None: the standard library's)."""
+    if event_loop == "asyncio":
+        return None
+    if uvloop is None:
+        raise ValueError("--event-loop uvloop: uvloop is not installed (pip install uvloop, or --event-loop asyncio)")
+    return uvloop.new_event_loop
 
 
 class _Control(LocalServer):
@@ -198,15 +213,7 @@ def add_arguments(p) -> None:
     p.add_argument("--step-tol-ms", default="auto",
                    help="clustering tolerance of the decode-step reconstruction (ms, or 'auto')")
     p.add_argument("--health-interval-s", type=float, default=1.0, help="how often each upstream's /health is asked")
-    p.add_argument("--upstream-api-key", help="sent to the upstreams as 'Authorization: Bearer KEY' (visible in "
-                                              f"ps: prefer --upstream-api-key-file or ${UPSTREAM_KEY_ENV})")
-    p.add_argument("--upstream-api-key-file", metavar="FILE", help="the upstream key: the file's first line")
-    p.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY' (or a tenant's own key); it "
-                                     "names the default tenant (visible in ps: prefer --api-key-file or "
-                                     f"${KEY_ENV})")
-    p.add_argument("--api-key-file", metavar="FILE", help="the --api-key: the file's first line")
-    p.add_argument("--trust-api-key", action="store_true",
-                   help="the --api-key is a front proxy's: its requests' fairness header names the tenant")
+    _add_key_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1, loopback)")
     p.add_argument("--port", type=port_number, default=8080,
                    help="0..65535; 0 picks a free port (printed on the ready line); default 8080")
@@ -227,6 +234,9 @@ def add_arguments(p) -> None:
     p.add_argument("--access-log", default="-", metavar="FILE",
                    help="one JSON line per request (tenant, upstream, status, queue wait, TTFT, tokens, reason; "
                         "never a key or a prompt) to FILE, '-' for stderr (the default) or 'off'")
+    p.add_argument("--event-loop", choices=list(EVENT_LOOPS), default="asyncio",
+                   help="the event loop the gateway runs on: asyncio (the standard library's, the default) or "
+                        "uvloop (libuv's)")
     p.add_argument("--estimator", choices=["tokens", "words"],
                    help="estimate each answer's length (DriftSched's estimator, corrected by the answers; "
                         "counting tokens or whitespace words) and give sjf the budget; category from the "
@@ -236,6 +246,19 @@ def add_arguments(p) -> None:
     p.add_argument("--drain-timeout-s", type=float, default=30.0,
                    help="after SIGTERM/SIGINT/SIGHUP: take no new request (503) and let those waiting and in "
                         "flight end for at most this long, then stop (a second signal stops at once); default 30")
+
+
+def _add_key_arguments(p) -> None:
+    """The keys: the upstreams', the clients' (``--api-key``) and whose fairness header is trusted."""
+    p.add_argument("--upstream-api-key", help="sent to the upstreams as 'Authorization: Bearer KEY' (visible in "
+                                              f"ps: prefer --upstream-api-key-file or ${UPSTREAM_KEY_ENV})")
+    p.add_argument("--upstream-api-key-file", metavar="FILE", help="the upstream key: the file's first line")
+    p.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY' (or a tenant's own key); it "
+                                     "names the default tenant (visible in ps: prefer --api-key-file or "
+                                     f"${KEY_ENV})")
+    p.add_argument("--api-key-file", metavar="FILE", help="the --api-key: the file's first line")
+    p.add_argument("--trust-api-key", action="store_true",
+                   help="the --api-key is a front proxy's: its requests' fairness header names the tenant")
 
 
 def inflight_from_args(a, engine: dict) -> tuple:
@@ -276,7 +299,7 @@ def config_from_args(a) -> GatewayConfig:
                          record_events=a.events, upstream_idle_timeout_s=a.upstream_idle_timeout_s,
                          access_log=None if a.access_log == "off" else a.access_log,
                          tenant_max_share=a.tenant_max_share, estimator=a.estimator, estimator_key=a.estimator_key,
-                         drain_timeout_s=a.drain_timeout_s,
+                         drain_timeout_s=a.drain_timeout_s, event_loop=a.event_loop,
                          cost_model=({k: engine[k] for k in ("iter_base_ms", "iter_slope_ms", "prefill_ms_per_token",
                                                              "max_batch") if engine.get(k) is not None} or None))
 

@@ -28,7 +28,7 @@ from fairlib.protocol.wire import dumps
 
 __all__ = [
     "DONE", "SSEEvent", "SSEParser", "MalformedSSE", "StreamError", "UnexpectedContentType",
-    "loads_finite", "decode_event", "decode_payload", "ChunkInfo", "interpret_chunk",
+    "loads_finite", "decode_event", "decode_data", "decode_payload", "ChunkInfo", "interpret_chunk", "read_chunk",
     "STREAM_HEADERS", "DONE_LINE", "data_line", "error_event",
 ]
 
@@ -105,6 +105,27 @@ class SSEParser:
         if len(buf) > self.max_line_bytes:
             raise MalformedSSE(f"SSE line longer than {self.max_line_bytes} bytes")
         return events
+
+    def feed_data(self, chunk: bytes) -> list[str]:
+        """The data of each event ``chunk`` completes (what a relay reads; ``event:`` and ``id:`` are
+        parsed and dropped). The common shape, whole ``data: ...`` events ended by a blank line in
+        LF, is split without the line machine; anything else (CR, comments, several fields, an
+        event split across reads) goes through :meth:`feed`, so both give the same data."""
+        if self._buf or self._data or self._first_line or b"\r" in chunk:
+            return [ev.data for ev in self.feed(chunk)]
+        blocks = chunk.split(b"\n\n")
+        tail = blocks.pop()
+        out: list[str] = []
+        for i, b in enumerate(blocks):
+            if b[:6] != b"data: " or b"\n" in b:
+                return out + [ev.data for ev in self.feed(b"\n\n".join(blocks[i:] + [tail]))]
+            try:
+                out.append(b[6:].decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise MalformedSSE(f"SSE line is not UTF-8: {e}") from None
+        if tail:
+            out += [ev.data for ev in self.feed(tail)]
+        return out
 
     def flush(self) -> list[SSEEvent]:
         """End of stream: take a last unterminated line and dispatch pending data (lenient)."""
@@ -187,14 +208,19 @@ def loads_finite(text) -> tuple:
 def decode_event(event: SSEEvent) -> tuple:
     """``(DONE, [])`` for ``[DONE]``, else ``(JSON object, nonfinite)`` as ``loads_finite``
     gives them; ``MalformedSSE`` when the data is not a JSON object."""
-    if event.is_done:
+    return decode_data(event.data)
+
+
+def decode_data(data: str) -> tuple:
+    """:func:`decode_event` of an event's data alone (:meth:`SSEParser.feed_data`'s)."""
+    if data.strip() == "[DONE]":
         return DONE, []
     try:
-        obj, bad = loads_finite(event.data)
+        obj, bad = loads_finite(data)
     except (ValueError, RecursionError) as e:
-        raise MalformedSSE(f"event data is not JSON ({e}): {event.data[:200]!r}") from None
+        raise MalformedSSE(f"event data is not JSON ({e}): {data[:200]!r}") from None
     if not isinstance(obj, dict):
-        raise MalformedSSE(f"event data is not a JSON object: {event.data[:200]!r}")
+        raise MalformedSSE(f"event data is not a JSON object: {data[:200]!r}")
     return obj, bad
 
 
@@ -241,6 +267,17 @@ def _choice_text(choice: dict) -> str:
 
 def interpret_chunk(payload: dict) -> ChunkInfo:
     """Read one streaming chunk (completions or chat, vLLM or llama.cpp)."""
+    text, n, ids, finish, usage = read_chunk(payload)
+    timings = payload.get("timings")
+    extra = {k: v for k, v in payload.items()
+             if k not in _STANDARD_KEYS and isinstance(v, (int, float, dict)) and not isinstance(v, bool)}
+    return ChunkInfo(text, n, ids, finish, usage, timings if isinstance(timings, dict) else None, extra or None)
+
+
+def read_chunk(payload: dict) -> tuple:
+    """``(text, n_tokens, token_ids, finish_reason, usage)`` of one chunk, as :class:`ChunkInfo`
+    holds them: what a relay charges, without the chunk's timings and extra fields (the
+    gateway's per-token path; :func:`interpret_chunk` adds them). Raises as it does."""
     err = payload.get("error")
     if err is not None or payload.get("object") == "error":
         e = err if isinstance(err, dict) else payload
@@ -267,11 +304,7 @@ def interpret_chunk(payload: dict) -> ChunkInfo:
         n = len(ids) if ids is not None else (1 if text else 0)
         finish = choice.get("finish_reason")
     usage = payload.get("usage")
-    timings = payload.get("timings")
-    extra = {k: v for k, v in payload.items()
-             if k not in _STANDARD_KEYS and isinstance(v, (int, float, dict)) and not isinstance(v, bool)}
-    return ChunkInfo(text, n, ids, finish, usage if isinstance(usage, dict) else None,
-                     timings if isinstance(timings, dict) else None, extra or None)
+    return text, n, ids, finish, usage if isinstance(usage, dict) else None
 
 
 # --- writing ----------------------------------------------------------------------------------
