@@ -299,8 +299,8 @@ class GatewayConfig:
     ``tenant_max_share``: one tenant holds at most ``max(1, min(slots - 1, floor(share x slots)))``
     slots, under any policy (fairlib/gateway/share.py; 1: no cap). ``event_loop``: the Python data
     plane's event loop, ``asyncio`` (the standard library's) or ``uvloop`` (libuv's; measured side
-    by side on this project's 2-core machine it changed the CPU per relayed stream by -4% to +2%,
-    within the runs' spread, so the standard one stays the default).
+    by side on this project's 2-core machine it took 2-7% less CPU per relayed stream, within the
+    runs' spread: benchmarks/gateway_versions.py, book/gateway.md).
     """
 
     upstreams: tuple = ()
