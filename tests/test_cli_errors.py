@@ -291,7 +291,11 @@ def test_ctrl_c_during_start_up_is_one_line(stage, tmp_path):
     err.join()
     lines = [ln for ln in err.lines if not ln.startswith("import time:")]
     assert "listening on" not in out.text(), out.text()
-    assert p.returncode == 130, (p.returncode, lines)
+    # 130, or ended by SIGINT itself: CPython re-raises SIGINT at exit (its "unhandled Ctrl-C" flag)
+    # when a KeyboardInterrupt passed through exec() of a source string on its way, such as a
+    # dataclass being made at import or numba's generated code, even though fairlib caught it (seen
+    # with strace: the process signals itself after the one line); a shell reports both as $? = 130
+    assert p.returncode in (130, -signal.SIGINT), (p.returncode, lines)
     assert not any("Traceback" in ln for ln in lines) and len(lines) == 1, lines
     assert "interrupted (SIGINT) while starting" in lines[0]
 
