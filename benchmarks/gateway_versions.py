@@ -26,6 +26,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +63,8 @@ def start_gateway(tree: Path, flags: list, stub_url: str, cpu) -> tuple:
     for line in p.stdout:
         seen.append(line)
         m = re.search(r"listening on (http://127\.0\.0\.1:\d+/v1)", line)
-        if m:
+        if m:       # its later lines read on, so that a full pipe never stalls it mid-trial
+            threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
             return p, m.group(1)
     p.wait()
     raise RuntimeError(f"the gateway of {tree} did not start:\n{''.join(seen[-20:])}")

@@ -33,7 +33,8 @@ def pytest_configure(config):
     # runner's step) begins with SIGINT ignored, and every child inherits that: the servers the
     # tests interrupt with SIGINT, to check a foreground command's Ctrl-C, then ignore it (they ran
     # on and a test waited 60 s for nothing). The session takes SIGINT back; a test that wants a
-    # background job's disposition sets it in its child (test_fit_endpoint.py).
+    # background job's disposition sets it in its child (test_fit_endpoint.py). The price: such a
+    # session now stops on a Ctrl-C meant for the foreground command, as a foreground one would.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -315,6 +315,16 @@ def test_a_missing_envoy_is_one_line_naming_the_fix(tmp_path):
     assert lines[0].startswith("fairlib gateway: ") and "FAIRLIB_ENVOY" in lines[0]
 
 
+@pytest.mark.parametrize("cmd", [["gateway", "--data-plane", "envoy", "--upstream", "http://127.0.0.1:9/v1"],
+                                 ["epp", "--upstream", "http://127.0.0.1:9/v1"]])
+def test_the_python_planes_event_loop_is_refused_by_the_picker(envoy, cmd):
+    """``--event-loop uvloop`` is the Python data plane's: the picker (grpc.aio) says so, exit 2."""
+    p = subprocess.run([sys.executable, "-m", "fairlib.cli", *cmd, "--port", "0", "--event-loop", "uvloop"],
+                       capture_output=True, text=True, timeout=120)
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and "--event-loop uvloop" in lines[0], (p.returncode, p.stderr)
+
+
 def test_sigterm_drains_through_envoy(envoy):
     """SIGTERM: the stream in flight runs to its end (every token and ``[DONE]``), the one waiting
     is still served, a new request is 503 ``shutting_down`` with Retry-After (Envoy's immediate

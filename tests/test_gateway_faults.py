@@ -320,6 +320,17 @@ def test_word_count_is_split_without_the_list():
             assert word_count(t, piece) == len(t.split()), (t, piece)
 
 
+def test_a_json_answers_odd_usage_is_charged_as_one_token():
+    """An upstream's JSON answer (it ignored ``stream``) is charged its ``usage.completion_tokens``;
+    a count that is no integer >= 1 is one token: the step the gateway hands the policy unchecked
+    never carries fewer than one."""
+    from fairlib.protocol.parse import answer_tokens
+    assert answer_tokens({"usage": {"completion_tokens": 7}}) == 7
+    for odd in (-3, 0, 0.5, 2.0, True, "7", None, [7]):
+        assert answer_tokens({"usage": {"completion_tokens": odd}}) == 1, odd
+    assert answer_tokens({"usage": None}) == answer_tokens({}) == answer_tokens([1]) == answer_tokens(None) == 1
+
+
 def test_one_tenants_long_streams_cannot_take_every_slot(upstream):
     """vtc, 4 slots: a tenant with 6 long streams holds at most 3 (--tenant-max-share 0.9: the
     others parked, counted by the policy as running); another tenant's request goes at once into

@@ -13,8 +13,8 @@ policy or of a rejection): :class:`~fairlib.gateway.app.GatewayApp`'s ``identify
    own key set when there is one) and the body's ``priority`` dropped (the tenants file's counts);
 3. response headers: the upstream's status and content type;
 4. response body chunks: an event stream is read by the gateway's own
-   :class:`~fairlib.gateway.relay.Relay` (tokens, ``usage``, ``finish_reason`` charged per chunk,
-   nothing written); one JSON answer is charged at its end from its ``usage``;
+   :class:`~fairlib.gateway.relay.Relay` (tokens, ``usage``, ``finish_reason`` charged in one
+   charge per chunk, nothing written); one JSON answer is charged at its end from its ``usage``;
 5. the body's end, or the stream closing first (the client reset), frees the slot.
 
 A refusal is an ``ImmediateResponse`` with the gateway's own status, headers (``x-fairlib-
@@ -32,7 +32,7 @@ from fairlib.gateway.access_log import UPSTREAM_ANSWER, access_record
 from fairlib.gateway.app import Answer, GatewayApp
 from fairlib.gateway.core import Pending, Upstream
 from fairlib.gateway.relay import Relay
-from fairlib.protocol.parse import answer_text, parse_proxy_request
+from fairlib.protocol.parse import answer_text, answer_tokens, parse_proxy_request
 from fairlib.protocol.routes import MAX_BODY_BYTES, bad_request
 from fairlib.protocol.wire import BadRequest
 from fairlib.epp import messages as m
@@ -181,9 +181,9 @@ class Exchange:
                 obj = json.loads(bytes(self.body))
             except ValueError:
                 obj = None
-            n = ((obj.get("usage") or {}).get("completion_tokens") if isinstance(obj, dict) else None) or 1
-            gw.tokens(p, gw.now_ms(), int(n), True)
-            gw.answered(p, answer_text(obj) if isinstance(obj, dict) else "", int(n))
+            n = answer_tokens(obj)
+            gw.tokens(p, gw.now_ms(), n, True)
+            gw.answered(p, answer_text(obj) if isinstance(obj, dict) else "", n)
         self.release()
 
     def release(self) -> None:

@@ -186,7 +186,7 @@ def envoy_gateway_from_args(a) -> int:
 
     def configure(args):
         box["binary"] = envoy_binary()
-        return config_from_args(args)
+        return _picker_config(args)
 
     def serve(cfg):
         return run_until_signal(lambda: _started(cfg), None, drain=lambda plane: drain(plane, cfg.drain_timeout_s))
@@ -210,4 +210,13 @@ def epp_from_args(a) -> int:
             return plane, plane.grpc_port
         return run_until_signal(started, None, drain=lambda plane: drain(plane, cfg.drain_timeout_s))
 
-    return run_from_args("fairlib epp", a, config_from_args, serve, (ValueError, OSError))
+    return run_from_args("fairlib epp", a, _picker_config, serve, (ValueError, OSError))
+
+
+def _picker_config(a) -> GatewayConfig:
+    """The gateway's options for the picker, which runs on asyncio's loop (grpc.aio's)."""
+    cfg = config_from_args(a)
+    if cfg.event_loop != "asyncio":
+        raise ValueError(f"--event-loop {cfg.event_loop}: the Python data plane's option; the endpoint picker "
+                         f"runs on asyncio's loop (grpc.aio)")
+    return cfg

@@ -4,7 +4,7 @@ An OpenAI-compatible reverse proxy (``fairlib gateway``) that holds per-tenant w
 keeps at most ``max_inflight`` requests in each upstream (its ``max_num_seqs``, so the engine's own
 queue stays empty; ``auto``: a credit learned from the engine's metrics, fairlib/gateway/credit.py) and lets the policy decide who enters the batch next, with the simulator's own
 policy code (fairlib/sim/gate.py, fairlib/sim/observed.py). It charges tenants from the stream as
-it runs: prompt tokens at dispatch, output tokens per chunk, residency from the decode steps it
+it runs: prompt tokens at dispatch, output tokens per upstream read, residency from the decode steps it
 rebuilds from the token arrival times (fairlib/gateway/steps.py). The OpenAI wire format and the
 metrics registry are fairlib.protocol's (it shares them with ``fairlib serve``, and imports nothing
 of it).

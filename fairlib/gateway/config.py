@@ -299,7 +299,7 @@ class GatewayConfig:
     ``tenant_max_share``: one tenant holds at most ``max(1, min(slots - 1, floor(share x slots)))``
     slots, under any policy (fairlib/gateway/share.py; 1: no cap). ``event_loop``: the Python data
     plane's event loop, ``asyncio`` (the standard library's) or ``uvloop`` (libuv's; measured side
-    by side on this project's 2-core machine it took 2-7% less CPU per relayed stream, within the
+    by side on this project's 2-core machine it took 1.5-7% less CPU per relayed stream, within the
     runs' spread: benchmarks/gateway_versions.py, book/gateway.md).
     """
 

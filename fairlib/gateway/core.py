@@ -9,7 +9,7 @@ Flow of one request (fairlib/gateway/app.py does the HTTP):
 3. ``pump`` (after every arrival, finish and withdrawal): the policy's ``select`` fills the open
    slots; each admitted request goes to the healthy upstream with the most free slots (ties: the
    first listed);
-4. while it streams, ``tokens`` feeds each chunk to its upstream's ``StepTracker``; every closed
+4. while it streams, ``tokens`` feeds each read's tokens to its upstream's ``StepTracker``; every closed
    step is ``PolicyGate.observe`` (charges, the policy's counters), its finished requests free
    their slots;
 5. ``release`` when its exchange with the upstream ends, however it ends; ``withdraw`` for a
@@ -320,7 +320,10 @@ class Gateway(metrics.MetricFamilies):
                 p.future.cancel()
 
     def tokens(self, p: Pending, t_ms: float, k: int, finished: bool) -> None:
-        """A chunk of ``k`` output tokens of ``p`` arrived at ``t_ms`` (``finished``: its last)."""
+        """``k`` output tokens of ``p`` arrived at ``t_ms`` (one upstream read; ``finished``: its
+        last). ``k`` below 1 (an upstream's odd usage count) counts as 1, so that every step the
+        trackers hand the policy is well formed (its check is off: ``check_steps``)."""
+        k = max(1, int(k))
         if p.counted == 0:
             p.first_ms = t_ms
             self.m_ttft.observe((t_ms - p.arrival_ms) / 1e3, (self.tenant_name(p.tenant),))

@@ -21,7 +21,7 @@ from fairlib.gateway.config import GatewayConfig
 from fairlib.gateway.core import Gateway, Pending
 from fairlib.gateway.health import MAX_RETRIES, UpstreamFailed, connection_failed, retry_on
 from fairlib.gateway.relay import Relay
-from fairlib.protocol.parse import answer_text
+from fairlib.protocol.parse import answer_text, answer_tokens
 from fairlib.protocol.routes import MAX_BODY_BYTES, error_response
 from fairlib.protocol.sse import STREAM_HEADERS, error_event
 from fairlib.protocol.wire import dumps, error_type
@@ -129,9 +129,9 @@ class Forwarding:
         except ValueError:
             return _own(502, f"upstream {up.url} answered 200 with {resp.content_type or 'no type'}, not an event "
                              f"stream", "upstream_broken")
-        n = ((obj.get("usage") or {}).get("completion_tokens") if isinstance(obj, dict) else None) or 1
-        gw.tokens(p, gw.now_ms(), int(n), True)
-        gw.answered(p, answer_text(obj), int(n))
+        n = answer_tokens(obj)
+        gw.tokens(p, gw.now_ms(), n, True)
+        gw.answered(p, answer_text(obj), n)
         return web.Response(body=raw, status=200, content_type="application/json")
 
     def watch_idle(self, rl: Relay, reading: asyncio.Task) -> None:

@@ -69,9 +69,11 @@ class Relay:
         """Called by the upstream's HTTP client for each read of the body (``t``: the gateway's clock).
         Returns False (read on); the tokens are charged and the bytes on their way to the client.
 
-        One charge per read (``Gateway.tokens`` with the read's tokens together: a read is one
-        moment on the gateway's clock, whatever number of events it carried), then the usage, then
-        the estimator at ``[DONE]``, in the order the events gave them."""
+        One charge per read, after its events are read: ``Gateway.tokens`` with the read's tokens
+        together (a read is one moment on the gateway's clock, whatever number of events it
+        carried: several tokens of one stream in one read are one entry of the open step, not a
+        zero-length step each), or ``finish_seen`` for a finish without tokens; then the usage
+        count; then, at ``[DONE]``, the estimator."""
         self.last_read = t
         self._n, self._fin, self._usage, self._done = 0, False, None, False
         kept = self._kept

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from fairlib.protocol.wire import BadRequest
 
-__all__ = ["EST_HEADER", "MAX_COUNT", "word_count", "is_int", "opt_int", "opt_bool", "prompt_length", "messages_length", "prompt_and_max_tokens",
+__all__ = ["answer_tokens", "EST_HEADER", "MAX_COUNT", "word_count", "is_int", "opt_int", "opt_bool", "prompt_length", "messages_length", "prompt_and_max_tokens",
            "parse_proxy_request", "prompt_text", "answer_text"]
 
 #: the header that carries a request's output estimate
@@ -181,3 +181,10 @@ def answer_text(obj) -> str:
         return str(ch.get("text") if "text" in ch else (ch.get("message") or {}).get("content") or "")
     except (KeyError, IndexError, TypeError, AttributeError):
         return ""
+
+
+def answer_tokens(obj) -> int:
+    """A JSON answer's ``usage.completion_tokens`` when it is an integer >= 1, else 1 (no usage, or
+    an odd one: the answer is charged as one token)."""
+    n = (obj.get("usage") or {}).get("completion_tokens") if isinstance(obj, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1

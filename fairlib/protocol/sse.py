@@ -111,7 +111,7 @@ class SSEParser:
         parsed and dropped). The common shape, whole ``data: ...`` events ended by a blank line in
         LF, is split without the line machine; anything else (CR, comments, several fields, an
         event split across reads) goes through :meth:`feed`, so both give the same data."""
-        if self._buf or self._data or self._first_line or b"\r" in chunk:
+        if self._buf or self._data or self._event is not None or self._first_line or b"\r" in chunk:
             return [ev.data for ev in self.feed(chunk)]
         blocks = chunk.split(b"\n\n")
         tail = blocks.pop()
